@@ -1,0 +1,38 @@
+"""The ``rollout-bus`` command: one entry point, one module per subcommand.
+
+typer gives typed flags with ``--help`` generated from the signatures (and is click underneath, so
+every stage stays scriptable); rich draws the progress bars and tables a person watches.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from rollout_bus.cli import demo, kafka
+
+app = typer.Typer(
+    name="rollout-bus",
+    help="Apache Kafka transport for LLM RL rollouts: per-turn samples in, data-parallel trainer shards out.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(kafka.app, name="kafka")
+app.command("demo")(demo.demo)
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level.")) -> None:
+    """Only the CLI configures logging: stable key=value fields on stderr."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("kafka", "aiokafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+if __name__ == "__main__":  # python -m rollout_bus.cli.main
+    app()

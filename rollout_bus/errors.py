@@ -1,0 +1,50 @@
+"""The one place rollout-bus errors are defined.
+
+Every error the project raises on purpose derives from ``RolloutBusError``; errors about bad
+data also derive from ``ValueError`` so callers that only know the contract (CONTRACTS.md says
+"raises ValueError") catch them unchanged::
+
+    RolloutBusError
+    ├── ContractError (ValueError)      a value breaks a data contract (sample, mask, merge, batch)
+    │   ├── CodecError                  a wire payload cannot be encoded or decoded
+    │   └── MaskCheckError              the whole-batch sampling-mask check failed
+    ├── ConfigError (ValueError)        a setting or command-line value is unusable
+    └── BrokerError                     the local Kafka broker cannot be fetched, started or reached
+
+Messages follow one template, ``'{name}' must be {expected} (got {value!r})``, and say where
+(sample position, tensor name, topic-partition-offset) whenever that is known.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RolloutBusError(Exception):
+    """Root of every error rollout-bus raises on purpose."""
+
+
+class ContractError(RolloutBusError, ValueError):
+    """A value breaks one of the data contracts in CONTRACTS.md."""
+
+
+class CodecError(ContractError):
+    """A payload cannot be encoded or decoded; the message says what and where."""
+
+
+class MaskCheckError(ContractError):
+    """A batch mixes samples with and without sampling masks."""
+
+
+class ConfigError(RolloutBusError, ValueError):
+    """A setting or command-line value is unusable."""
+
+
+class BrokerError(RolloutBusError):
+    """The local Kafka broker cannot be fetched, started, stopped or reached."""
+
+
+def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -> str:
+    """Format the house error message: ``'{name}' must be {expected} (got {value!r})``."""
+    message = f"{name!r} must be {expected} (got {value!r})"
+    return f"{message} at {where}" if where else message

@@ -1,0 +1,90 @@
+"""The one list of topics: what each carries and how it is keyed (PIPELINE.md).
+
+Stages meet only through these names. A prefix lets several runs share one cluster:
+``Topics(prefix="run42.")`` names ``run42.rollout.turns`` and so on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Record headers on rollout.turns (PIPELINE.md); values are ASCII decimal strings.
+HEADER_TURN = "turn"
+HEADER_ATTEMPT = "attempt"
+HEADER_FINAL = "final"
+HEADER_GROUP_SIZE = "group_size"
+HEADER_SCHEMA = "schema"
+HEADER_SENT_AT = "sent_at"
+SCHEMA_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic's name, what its records hold, and how they are keyed."""
+
+    name: str
+    carries: str
+    key: str
+    partitions: int = 1
+    compacted: bool = False
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The pipeline's topic names, optionally prefixed."""
+
+    prefix: str = ""
+    turns_partitions: int = 4
+    episodes_partitions: int = 4
+
+    @property
+    def turns(self) -> str:
+        return f"{self.prefix}rollout.turns"
+
+    @property
+    def episodes(self) -> str:
+        return f"{self.prefix}rollout.episodes"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.prefix}rollout.metrics"
+
+    @property
+    def shards(self) -> str:
+        return f"{self.prefix}rollout.shards"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}rollout.dlq"
+
+    def specs(self) -> list[TopicSpec]:
+        """Every pipeline topic with its meaning, in data-flow order."""
+        return [
+            TopicSpec(self.turns, "one turn sample per record: encode_samples([turn], COMPUTED_FIELDS + "
+                      "SAMPLING_MASK_FIELDS); headers turn, attempt, final, group_size, schema, sent_at",
+                      "rollout key (adapter, kind, group_index, id) as a stable string", self.turns_partitions),
+            TopicSpec(self.episodes, "one finished episode per record: its merged sibling segments, with masks",
+                      "rollout key", self.episodes_partitions),
+            TopicSpec(self.metrics, "JSON: kind window|batch, the window or batch id, adapter, rollout/* metrics",
+                      "window or batch id"),
+            TopicSpec(self.shards, "JSON manifest of every batch of trainer shards written", "batch sequence"),
+            TopicSpec(self.dlq, "a rejected record: original key, value, headers plus reason, stage, source "
+                      "topic-partition-offset", "the original key"),
+        ]
+
+    def names(self) -> list[str]:
+        return [spec.name for spec in self.specs()]
+
+
+
+def rollout_key_string(key: tuple) -> str:
+    """The record key of a rollout: ``get_rollout_key``'s tuple as stable, compact JSON.
+
+    ``(AdapterRef("math", 1), "rollout", 3, 17)`` becomes ``["math",1,"rollout",3,17]`` and an
+    adapter-less key ``[null,null,"rollout",3,17]``. JSON keeps any adapter name unambiguous.
+    """
+    import json
+
+    adapter, kind, group_index, ident = key
+    name, slot = (adapter.name, adapter.slot) if adapter is not None else (None, None)
+    return json.dumps([name, slot, kind, group_index, ident], separators=(",", ":"))
