@@ -1,0 +1,6 @@
+"""Suite-wide settings: a hypothesis profile sized for a 2-core CI machine."""
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
