@@ -1,0 +1,115 @@
+"""Benchmark: the wire codec against a cold memory copy and against pickle, side by side.
+
+One realistic turn (a prompt of a few hundred tokens, 4,096 response tokens, log-probs, a loss
+mask, and a sampling mask whose supports hold 1-64 ids, about 8 on average) is encoded and
+decoded with the mask fields on. In the same loop, interleaved so that all three see the same
+machine state, we time:
+
+* copy: one ``np.copyto`` of as many bytes as the payload, from sources cycled through >= 256 MB
+  of distinct memory, so the source is not in cache (the floor any codec must pay once);
+* pickle: protocol-5 ``dumps`` + ``loads`` of the same Sample (the unsafe alternative).
+
+Reports medians and ``copy_ratio = copy / codec`` (target >= 0.25) and
+``pickle_ratio = pickle / codec`` (target >= 1: the codec is no slower). Run:
+``.venv/bin/python bench/codec.py [--reps 2000] [--response-tokens 4096] [--chars-per-token 4]``.
+The text (prompt and response strings) travels in the JSON document; CPython's JSON string
+escaping (~2 ns a character each way) is a large share of the codec time at 4 characters a token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import statistics
+import time
+
+import numpy as np
+
+from rollout_bus.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
+from rollout_bus.sample import AdapterRef, Sample, Status
+from rollout_bus.sampling_mask import RolloutSamplingMask
+
+FIELDS = COMPUTED_FIELDS + SAMPLING_MASK_FIELDS
+COLD_BYTES = 256 * 1024 * 1024
+
+
+def make_turn(rng: np.random.Generator, prompt_tokens: int, response_tokens: int, as_lists: bool,
+              chars_per_token: int = 4) -> Sample:
+    """A turn as a generator would publish it (numpy arrays, or plain lists with ``as_lists``).
+
+    Its text has ``chars_per_token`` characters per token (about 4 for English under BPE).
+    """
+    tokens = rng.integers(0, 150_000, prompt_tokens + response_tokens, dtype=np.int64)
+    support = np.clip(rng.geometric(1 / 8, response_tokens), 1, 64)
+    offsets = np.concatenate([[0], np.cumsum(support)]).astype(np.int64)
+    ids = rng.integers(0, 150_000, int(offsets[-1]), dtype=np.int32)
+    loss_mask = (rng.random(response_tokens) > 0.1).astype(np.uint8)
+    log_probs = np.log(rng.random(response_tokens))
+    convert = (lambda a: a.tolist()) if as_lists else (lambda a: a)
+    return Sample(
+        group_index=17, index=4242, rollout_id=4242, prompt=[{"role": "user", "content": "solve " * (prompt_tokens * chars_per_token // 6)}],
+        tokens=convert(tokens), response="word " * (response_tokens * chars_per_token // 5), response_length=response_tokens, label="42",
+        reward=1.0, loss_mask=convert(loss_mask), weight_versions=["12", "12", "13"],
+        rollout_log_probs=convert(log_probs), rollout_sampling_mask=RolloutSamplingMask(ids, offsets),
+        status=Status.COMPLETED, metadata={"turn": 3, "tool_calls": 2}, adapter=AdapterRef("math", 1),
+    )
+
+
+def _timed(fn) -> int:
+    start = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - start
+
+
+def run(reps: int, prompt_tokens: int, response_tokens: int, as_lists: bool, chars_per_token: int) -> dict:
+    rng = np.random.default_rng(0)
+    sample = make_turn(rng, prompt_tokens, response_tokens, as_lists, chars_per_token)
+    payload = encode_samples([sample], FIELDS)
+    nbytes = len(payload)
+    slots = max(2, COLD_BYTES // nbytes)
+    cold = np.ones(slots * nbytes, dtype=np.uint8)  # written once, so every page is really there
+    dst = np.empty(nbytes, dtype=np.uint8)
+
+    def codec() -> None:
+        decode_samples(encode_samples([sample], FIELDS), FIELDS)
+
+    def pickled() -> None:
+        pickle.loads(pickle.dumps(sample, protocol=5))
+
+    for _ in range(50):  # warm up code paths, not data
+        codec()
+        pickled()
+    times: dict[str, list[int]] = {"codec": [], "copy": [], "pickle": []}
+    for k in range(reps):
+        src = cold[(k % slots) * nbytes:(k % slots + 1) * nbytes]
+        times["copy"].append(_timed(lambda: np.copyto(dst, src)))
+        times["codec"].append(_timed(codec))
+        times["pickle"].append(_timed(pickled))
+    med = {name: statistics.median(values) / 1000 for name, values in times.items()}
+    return {
+        "sample_holds": "lists" if as_lists else "numpy arrays",
+        "text_chars": len(sample.response) + len(sample.prompt[0]["content"]),
+        "payload_bytes": nbytes,
+        "codec_us": round(med["codec"], 1),
+        "copy_us": round(med["copy"], 1),
+        "pickle_us": round(med["pickle"], 1),
+        "copy_ratio": round(med["copy"] / med["codec"], 3),
+        "pickle_ratio": round(med["pickle"] / med["codec"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=2000)
+    parser.add_argument("--prompt-tokens", type=int, default=300)
+    parser.add_argument("--response-tokens", type=int, default=4096)
+    parser.add_argument("--chars-per-token", type=int, default=4, help="text length; 0 sends no text")
+    args = parser.parse_args()
+    for as_lists in (False, True):
+        result = run(args.reps, args.prompt_tokens, args.response_tokens, as_lists, args.chars_per_token)
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
