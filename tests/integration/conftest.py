@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.local_broker import LocalBroker
+from rollout_bus.kafka.local_broker import LocalBroker, broker_answers
 from rollout_bus.topics import Topics
 
 TEST_PORT = 39092
@@ -23,6 +23,8 @@ TEST_PORT = 39092
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory) -> str:
     given = os.environ.get("ROLLOUT_BUS_TEST_BOOTSTRAP_SERVERS")
+    if not given and broker_answers(f"127.0.0.1:{TEST_PORT}"):
+        given = f"127.0.0.1:{TEST_PORT}"  # a suite broker left up by `make test-broker`
     if given:
         yield given
         return
