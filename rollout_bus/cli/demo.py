@@ -2,50 +2,46 @@
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings
-from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.local_broker import BrokerLease
+from rollout_bus.pipeline.runner import DemoOptions, run_demo
 
 console = Console(stderr=True)
 
 
-def demo(bootstrap_servers: str | None = options.BOOTSTRAP, topic_prefix: str | None = options.TOPIC_PREFIX,
-         port: int = options.PORT) -> None:
-    """Start the local broker if needed, create the topics, send and read back records, stop."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
-    echo = lambda m: console.print(f"[dim]{m}[/dim]")  # noqa: E731
-    settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", topic_prefix=topic_prefix or "",
-                             local_port=port)
-    with BrokerLease(settings.bootstrap_servers or None, port=port, echo=echo) as bootstrap:
-        kwargs = {**settings.client_kwargs(), "bootstrap_servers": bootstrap}
-        topics = settings.topics()
-        created = ensure_topics(kwargs, topics)
-        console.print(f"topics: {', '.join(topics.names())} ({len(created)} created)")
-        producer = KafkaProducer(acks="all", **kwargs)
-        sent = [producer.send(topics.metrics, key=f"demo-{i}".encode(), value=f'{{"n":{i}}}'.encode(),
-                              headers=[("schema", b"1")]).get(timeout=30) for i in range(3)]
-        producer.close()
-        console.print(f"sent {len(sent)} records to {topics.metrics} at offsets {[m.offset for m in sent]}")
-        consumer = KafkaConsumer(**kwargs, enable_auto_commit=False, consumer_timeout_ms=5000)
-        tp = TopicPartition(topics.metrics, sent[0].partition)
-        consumer.assign([tp])
-        consumer.seek(tp, sent[0].offset)
-        got = []
-        deadline = time.monotonic() + 30
-        while len(got) < len(sent) and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=1000).values():
-                got.extend(records)
-        consumer.close()
-        for record in got[: len(sent)]:
-            console.print(f"  read {record.key.decode()} = {record.value.decode()} headers={record.headers}")
-        if len(got) < len(sent):
-            console.print(f"[red]read back only {len(got)} of {len(sent)} records[/red]")
-            raise typer.Exit(1)
-        console.print("[green]demo ok[/green]")
+def demo(
+    bootstrap_servers: str | None = options.BOOTSTRAP,
+    topic_prefix: str | None = typer.Option(None, "--topic-prefix", envvar="ROLLOUT_BUS_TOPIC_PREFIX",
+                                            help="Topic prefix (default: demo-<run id>., fresh topics per run)."),
+    episodes: int = typer.Option(64, "--episodes", min=1, help="Episodes to generate (episodes / n prompt groups)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the generator: the same seed gives byte-identical shards."),
+    adapters: str = typer.Option("", "--adapters", help="Comma-separated LoRA adapters, e.g. math,code."),
+    n_samples_per_prompt: int = typer.Option(4, "--n-samples-per-prompt", min=1, help="Episodes per prompt group."),
+    groups_per_batch: int = typer.Option(4, "--groups-per-batch", min=1, help="Prompt groups per trainer batch."),
+    dp_size: int = typer.Option(2, "--dp-size", min=1, help="Data-parallel ranks: one shard each per batch."),
+    out: Path | None = typer.Option(None, "--out", help="Where shards and logs go (default: demo-out/<run id>)."),
+    inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send bad records, to show the DLQ."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
+    port: int = options.PORT,
+) -> None:
+    """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards."""
+    settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
+    run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
+                              n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
+                              dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
+                              timeout_s=timeout)
+    try:
+        with BrokerLease(settings.bootstrap_servers or None, port=port,
+                         echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:
+            code = run_demo({**settings.client_kwargs(), "bootstrap_servers": bootstrap}, run_options, console)
+    except BrokerError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    raise typer.Exit(code)

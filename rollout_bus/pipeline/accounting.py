@@ -1,0 +1,103 @@
+"""Reconciling a run: every episode the generator finished is in exactly one batch, or in the DLQ.
+
+The generator's summary lists the episodes it finished as (rollout key string, attempt). Each batch's
+manifest lists the episodes it holds; each dead letter carries the original record key. An episode
+is accounted for when it is in exactly one written batch (with the attempt that was sent last), or,
+when in no batch, has at least one dead letter saying why.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.shards import MANIFEST_NAME, verify_batch
+
+
+@dataclass
+class Reconciliation:
+    """What the run did with every episode it was sent."""
+
+    sent: int = 0
+    in_shards: int = 0
+    in_dlq_only: int = 0
+    missing: list[str] = field(default_factory=list)
+    duplicated: dict[str, list[int]] = field(default_factory=dict)
+    wrong_attempt: dict[str, tuple[int, int]] = field(default_factory=dict)
+    unexpected: list[str] = field(default_factory=list)
+    dlq_reasons: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    bad_batches: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.duplicated or self.wrong_attempt or self.unexpected or self.bad_batches)
+
+    def problems(self, limit: int = 5) -> list[str]:
+        out = []
+        if self.missing:
+            out.append(f"{len(self.missing)} episodes in no batch and not in the DLQ, e.g. {self.missing[:limit]}")
+        if self.duplicated:
+            out.append(f"{len(self.duplicated)} episodes in more than one batch, e.g. "
+                       f"{list(self.duplicated.items())[:limit]}")
+        if self.wrong_attempt:
+            out.append(f"{len(self.wrong_attempt)} episodes written with an older attempt (sent, written), e.g. "
+                       f"{list(self.wrong_attempt.items())[:limit]}")
+        if self.unexpected:
+            out.append(f"{len(self.unexpected)} episodes in batches that the generator never finished, "
+                       f"e.g. {self.unexpected[:limit]}")
+        out += [f"batch {name}: {why}" for name, why in self.bad_batches.items()]
+        return out
+
+
+def written_batches(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """Manifests of the complete batches under ``out_dir``, by directory name."""
+    found = {}
+    for manifest_path in sorted(Path(out_dir).glob(f"batch-*/{MANIFEST_NAME}")):
+        found[manifest_path.parent.name] = json.loads(manifest_path.read_text())
+    return found
+
+
+def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iterable[DeadLetter],
+              *, verify: bool = True) -> Reconciliation:
+    """Match the episodes sent against the batches on disk and the dead letters."""
+    result = Reconciliation()
+    sent_attempt = {key: attempt for key, attempt in sent}
+    result.sent = len(sent_attempt)
+    placed: dict[str, list[int]] = defaultdict(list)
+    placed_attempt: dict[str, int] = {}
+    for name, manifest in written_batches(out_dir).items():
+        result.batches += 1
+        if verify:
+            try:
+                verify_batch(Path(out_dir) / name)
+            except ValueError as exc:
+                result.bad_batches[name] = str(exc)
+        for episode in manifest.get("extra", {}).get("episodes", []):
+            placed[episode["key"]].append(int(manifest.get("seq", -1)))
+            placed_attempt[episode["key"]] = int(episode["attempt"])
+    dead_keys: dict[str, list[str]] = defaultdict(list)
+    reasons: dict[str, int] = defaultdict(int)
+    for letter in dead_letters:
+        key = letter.key.decode(errors="replace") if letter.key else ""
+        dead_keys[key].append(letter.reason)
+        reasons[f"{letter.stage}/{letter.kind}"] += 1
+    result.dlq_reasons = dict(sorted(reasons.items()))
+    for key, attempt in sent_attempt.items():
+        batches = placed.get(key, [])
+        if len(batches) > 1:
+            result.duplicated[key] = batches
+        elif batches:
+            result.in_shards += 1
+            if placed_attempt[key] != attempt:
+                result.wrong_attempt[key] = (attempt, placed_attempt[key])
+        elif dead_keys.get(key):
+            result.in_dlq_only += 1
+        else:
+            result.missing.append(key)
+    result.unexpected = sorted(set(placed) - set(sent_attempt))
+    return result

@@ -1,0 +1,189 @@
+"""The main job: generator, stream worker and shard writer as separate processes, watched to the end.
+
+The run succeeds (exit 0) only when every episode the generator finished is in exactly one written
+batch, or in the DLQ with a reason; everything it started is stopped either way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.pipeline.accounting import Reconciliation, reconcile, written_batches
+from rollout_bus.pipeline.processes import StageProcess
+from rollout_bus.pipeline.watch import TopicWatcher
+from rollout_bus.topics import Topics
+
+
+@dataclass
+class DemoOptions:
+    """What the demo runs; defaults finish well under two minutes on two cores."""
+
+    episodes: int = 64
+    seed: int = 0
+    adapters: str = ""
+    n_samples_per_prompt: int = 4
+    groups_per_batch: int = 4
+    dp_size: int = 2
+    out: Path | None = None
+    topic_prefix: str | None = None
+    inject_faults: bool = False
+    idle_flush_s: float = 3.0
+    timeout_s: float = 300.0
+    generator_args: list[str] = field(default_factory=list)
+
+
+def _expected_batches(options: DemoOptions) -> int:
+    groups = math.ceil(options.episodes / options.n_samples_per_prompt)
+    adapters = max(1, len([a for a in options.adapters.split(",") if a.strip()]))
+    return math.ceil(math.ceil(groups / adapters) / options.groups_per_batch)
+
+
+class DemoRun:
+    """One run of the pipeline against ``client_kwargs``' cluster."""
+
+    def __init__(self, client_kwargs: dict[str, Any], options: DemoOptions, console: Console):
+        self.kwargs = client_kwargs
+        self.options = options
+        self.console = console
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+        prefix = options.topic_prefix if options.topic_prefix is not None else f"demo-{self.run_id}."
+        self.topics = Topics(prefix=prefix)
+        self.out = Path(options.out) if options.out else Path("demo-out") / self.run_id
+        self.summary_path = self.out / "generator-summary.json"
+        self.stages: dict[str, StageProcess] = {}
+
+    def _common(self) -> list[str]:
+        return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]
+
+    def start_stages(self) -> None:
+        o, logs = self.options, self.out / "logs"
+        self.stages["stream"] = StageProcess("stream", "stream", [
+            *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}", "--data-dir", str(self.out / "faust")],
+            logs / "stream.log")
+        self.stages["shards"] = StageProcess("shards", "shards", [
+            *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
+            "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}",
+            "--idle-flush-s", str(o.idle_flush_s)], logs / "shards.log")
+        gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
+                    "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
+                    *(["--adapters", o.adapters] if o.adapters else []),
+                    *(["--inject-faults"] if o.inject_faults else []), *o.generator_args]
+        self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
+
+    def stop_stages(self) -> None:
+        for stage in reversed(list(self.stages.values())):
+            stage.stop()
+
+    def _sent(self) -> list[tuple[str, int]] | None:
+        if not self.summary_path.exists():
+            return None
+        return [(k, int(a)) for k, a in json.loads(self.summary_path.read_text())["episodes"]]
+
+    def watch(self, watcher: TopicWatcher) -> tuple[Reconciliation | None, str | None]:
+        """Show progress until every episode is accounted for; return the last reconciliation and any failure."""
+        t = self.topics
+        columns = [TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            bars = {"turns": progress.add_task("turns sent", total=None),
+                    "episodes": progress.add_task("episodes merged", total=self.options.episodes),
+                    "batches": progress.add_task("batches written", total=_expected_batches(self.options)),
+                    "dlq": progress.add_task("dead letters", total=None)}
+            deadline = time.monotonic() + self.options.timeout_s
+            result = None
+            while time.monotonic() < deadline:
+                watcher.read_new(timeout_ms=500)
+                counts = watcher.counts()
+                progress.update(bars["turns"], completed=counts[t.turns])
+                progress.update(bars["episodes"], completed=counts[t.episodes])
+                progress.update(bars["batches"], completed=len(written_batches(self.out / "shards")))
+                progress.update(bars["dlq"], completed=counts[t.dlq])
+                failure = self._failed_stage()
+                if failure:
+                    return result, failure
+                sent = self._sent()
+                if sent is not None and self.stages["generate"].poll() == 0:
+                    progress.update(bars["turns"], total=counts[t.turns])
+                    result = reconcile(sent, self.out / "shards", watcher.dead_letters(t.dlq), verify=False)
+                    if result.ok:
+                        return result, None
+            return result, f"timed out after {self.options.timeout_s:.0f}s"
+
+    def _failed_stage(self) -> str | None:
+        for name, stage in self.stages.items():
+            code = stage.poll()
+            if code not in (None, 0) or (code == 0 and name != "generate"):
+                return f"stage {name} exited with code {code}; last lines of {stage.log_path}:\n{stage.log_tail()}"
+        return None
+
+
+def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> int:
+    """Run the pipeline once; print progress, metrics and where the shards are; return the exit code."""
+    run = DemoRun(client_kwargs, options, console)
+    created = ensure_topics(client_kwargs, run.topics)
+    console.print(f"run {run.run_id}: topics {run.topics.prefix}rollout.* ({len(created)} created), out {run.out}")
+    began = time.monotonic()
+    watcher = TopicWatcher(client_kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq],
+                           [run.topics.dlq, run.topics.metrics])
+    try:
+        run.start_stages()
+        result, failure = run.watch(watcher)
+        watcher.read_new(timeout_ms=500)
+    finally:
+        run.stop_stages()
+    final = None
+    if run._sent() is not None:
+        final = reconcile(run._sent(), run.out / "shards", watcher.dead_letters(run.topics.dlq), verify=True)
+    window_records = [v for v in watcher.json_values(run.topics.metrics) if v.get("kind") == "window"]
+    watcher.close()
+    print_report(console, run, final, window_records, time.monotonic() - began)
+    if failure:
+        console.print(f"[red]demo failed:[/red] {failure}")
+        return 1
+    if final is None or not final.ok:
+        for problem in (final.problems() if final else ["the generator wrote no summary"]):
+            console.print(f"[red]{problem}[/red]")
+        return 1
+    return 0
+
+
+def _metrics_table(batches: dict[str, dict[str, Any]], limit: int = 6) -> Table:
+    shown = list(batches.items())[-limit:]
+    table = Table(title=f"batch metrics (last {len(shown)} of {len(batches)} batches)", show_lines=False)
+    table.add_column("metric")
+    for name, _ in shown:
+        table.add_column(name.replace("batch-", "#"), justify="right")
+    names = sorted({k for _, m in shown for k in m.get("metrics", {})})
+    for metric in names:
+        cells = []
+        for _, manifest in shown:
+            value = manifest.get("metrics", {}).get(metric)
+            cells.append("" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value)))
+        table.add_row(metric if metric.startswith("rollout/") else f"rollout/{metric}", *cells)
+    return table
+
+
+def print_report(console: Console, run: DemoRun, result: Reconciliation | None, windows: list[dict],
+                 elapsed_s: float) -> None:
+    batches = written_batches(run.out / "shards")
+    if batches:
+        console.print(_metrics_table(batches))
+    closed = [w for w in windows if w.get("closed")]
+    console.print(f"window metrics: {len(windows)} records on {run.topics.metrics} ({len(closed)} closed windows)")
+    if result is not None:
+        console.print(f"episodes sent {result.sent}: {result.in_shards} in shards, {result.in_dlq_only} only in "
+                      f"the DLQ; {result.batches} batches; dead letters by stage/kind: {result.dlq_reasons or 'none'}")
+    console.print(f"shards: {(run.out / 'shards').resolve()}  (logs: {(run.out / 'logs').resolve()})")
+    console.print(f"finished in {elapsed_s:.1f}s")
+
+
