@@ -1,0 +1,144 @@
+"""The shard writer's output directory and announcements: what is already done, and what a batch says.
+
+Contract:
+
+* ``scan_out_dir(out_dir)`` returns every ``batch-*/`` whose manifest verifies (sha256 and size of
+  every shard), in seq order, as ``WrittenBatch``. It also cleans up after a killed writer:
+  temporary files (``.*.tmp``) are removed everywhere, and a batch directory without a manifest
+  (or whose manifest does not verify) loses its shard files, since such a batch was never
+  complete. The writer then writes it again; in step mode with the same episodes, byte for byte.
+* ``manifest_extra(batch, ...)`` and ``batch_sources(batch, topic)`` build what the manifest holds
+  beyond the shard list: the batching mode, the groups (with ``complete``: a partial batch written
+  by an idle flush may hold incomplete groups), every episode with its rollout key, attempt and
+  source offset, and per partition the offset range the batch was read from.
+* ``announcement(manifest, batch_dir)`` is the rollout.shards value: the manifest plus ``dir``,
+  ``manifest_path`` and ``manifest_sha256`` (of the manifest file's bytes).
+  ``announced_ids(records)`` reads back which (dir, manifest_sha256) pairs were announced, so a
+  restarted writer announces a batch it wrote but never announced, and no other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consumers.batcher import Batch, GroupKey
+from rollout_bus.errors import ContractError
+from rollout_bus.sample import AdapterRef
+from rollout_bus.train_data import MANIFEST_NAME, verify_batch
+
+logger = logging.getLogger(__name__)
+
+BATCH_GLOB = "batch-*"
+SHARD_GLOB = "dp-*.safetensors"
+
+
+@dataclass(frozen=True)
+class WrittenBatch:
+    """A complete batch found on disk."""
+
+    seq: int
+    directory: Path
+    manifest: dict[str, Any]
+    manifest_sha256: str
+
+    def episodes(self) -> list[tuple[str, int]]:
+        return [(e["key"], int(e["attempt"])) for e in self.manifest.get("extra", {}).get("episodes", [])]
+
+    def groups(self) -> list[GroupKey]:
+        out = []
+        for g in self.manifest.get("extra", {}).get("groups", []):
+            adapter = None if g.get("adapter") is None else AdapterRef(g["adapter"], int(g["adapter_slot"]))
+            out.append((adapter, int(g["group_index"])))
+        return out
+
+
+def _is_temporary(path: Path) -> bool:
+    return path.name.startswith(".") and path.name.endswith(".tmp")
+
+
+def _clear_incomplete(directory: Path, why: str) -> None:
+    """Drop the files of a batch that never completed; its episodes are still uncommitted."""
+    removed = 0
+    for path in [*directory.glob(SHARD_GLOB), directory / MANIFEST_NAME]:
+        if path.exists():
+            path.unlink()
+            removed += 1
+    if removed:
+        logger.warning("cleared incomplete batch dir=%s files=%d reason=%s", directory, removed, why)
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # something else lives there; leave it
+
+
+def scan_out_dir(out_dir: str | os.PathLike[str]) -> list[WrittenBatch]:
+    """Verified batches in ``out_dir``; cleans temporaries and incomplete batches (see module)."""
+    root = Path(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    found = []
+    for directory in sorted(p for p in root.glob(BATCH_GLOB) if p.is_dir()):
+        for path in directory.iterdir():
+            if _is_temporary(path):
+                path.unlink(missing_ok=True)
+                logger.info("removed leftover temporary file path=%s", path)
+        try:
+            manifest = verify_batch(directory)
+        except ContractError as exc:
+            _clear_incomplete(directory, f"manifest does not verify: {exc}")
+            continue
+        if manifest is None:
+            _clear_incomplete(directory, "no manifest")
+            continue
+        digest = hashlib.sha256((directory / MANIFEST_NAME).read_bytes()).hexdigest()
+        found.append(WrittenBatch(int(manifest["seq"]), directory, manifest, digest))
+    return sorted(found, key=lambda b: b.seq)
+
+
+def batch_sources(batch: Batch, topic: str) -> list[dict[str, Any]]:
+    """Per source partition: the first and last offset this batch's episodes were read from."""
+    by_partition: dict[int, list[int]] = {}
+    for episode in batch.episodes:
+        by_partition.setdefault(episode.partition, []).append(episode.offset)
+    return [{"topic": topic, "partition": p, "first_offset": min(o), "last_offset": max(o), "records": len(o)}
+            for p, o in sorted(by_partition.items())]
+
+
+def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[str, Any]:
+    """Everything a reader needs to trace the batch back to its episodes."""
+    return {
+        "batching": batching,
+        "normalization": normalization,
+        "partial": batch.partial,
+        "incomplete_groups": sum(1 for g in batch.groups if not g.complete),
+        "groups": [g.as_json() for g in batch.groups],
+        "episodes": [{"key": e.key, "attempt": e.attempt, "partition": e.partition, "offset": e.offset,
+                      "segments": len(e.segments)} for e in batch.episodes],
+    }
+
+
+def announcement(manifest: dict[str, Any], batch_dir: Path) -> bytes:
+    """The rollout.shards value for one batch (compact, sorted JSON)."""
+    manifest_path = Path(batch_dir).resolve() / MANIFEST_NAME
+    doc = {**manifest, "dir": str(manifest_path.parent), "manifest_path": str(manifest_path),
+           "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest()}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def announced_ids(values: Iterable[bytes | None]) -> set[tuple[str, str]]:
+    """(dir, manifest_sha256) of every announcement among rollout.shards record values."""
+    ids = set()
+    for value in values:
+        try:
+            doc = json.loads(value) if value else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue  # not ours to judge; a foreign record on the topic
+        if isinstance(doc, dict) and isinstance(doc.get("dir"), str) and isinstance(doc.get("manifest_sha256"), str):
+            ids.add((doc["dir"], doc["manifest_sha256"]))
+    return ids
