@@ -7,7 +7,7 @@ client in the project takes, so security settings pass through to all of them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,39 +51,67 @@ class KafkaSettings(_Settings):
 
 
 class GenerateSettings(_Settings):
-    """The built-in generator (`rollout-bus generate`)."""
+    """The built-in generator (`rollout-bus generate`). Every knob is seeded by ``seed``.
 
-    episodes: int = 64
-    seed: int = 0
-    n_samples_per_prompt: int = 4
+    ``episodes`` are split into ``ceil(episodes / n_samples_per_prompt)`` prompt groups (the last
+    one may be smaller), assigned to the comma-separated ``adapters`` round-robin. Probabilities
+    are per episode (``retry_prob`` per attempt, ``compaction_prob`` per turn boundary,
+    ``tool_call_prob`` per turn). ``top_k <= 0`` means no top-k limit.
+    """
+
+    episodes: int = Field(64, ge=1)
+    seed: int = Field(0, ge=0)
+    n_samples_per_prompt: int = Field(4, ge=1)
     adapters: str = ""
-    max_turns: int = 3
-    vocab_size: int = 32768
-    min_response_len: int = 16
-    max_response_len: int = 96
-    temperature: float = 1.0
-    top_p: float = 0.95
+    max_turns: int = Field(3, ge=1)
+    vocab_size: int = Field(32768, ge=64, le=2**31 - 1)
+    min_response_len: int = Field(16, ge=1)
+    max_response_len: int = Field(96, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = 64
-    compaction_prob: float = 0.15
-    retry_prob: float = 0.1
-    remove_prob: float = 0.05
+    compaction_prob: float = Field(0.15, ge=0, le=1)
+    retry_prob: float = Field(0.1, ge=0, le=1)
+    max_attempts: int = Field(3, ge=1)
+    remove_prob: float = Field(0.05, ge=0, le=1)
+    tool_call_prob: float = Field(0.3, ge=0, le=1)
+    truncation_prob: float = Field(0.1, ge=0, le=1)
+    policy_version: int = Field(0, ge=0)
+    policy_dim: int = Field(32, ge=1)
+    torch_threads: int = Field(1, ge=0)
     inject_faults: bool = False
 
 
 class StreamSettings(_Settings):
-    """The Faust stream worker (`rollout-bus stream`)."""
+    """The Faust stream worker (`rollout-bus stream`).
+
+    ``app_id`` is the consumer group and names the state changelog topic (workers sharing the
+    work share it); a window closes once its partition's event time passes end + grace.
+    """
 
     app_id: str = "rollout-bus-stream"
     window_seconds: float = Field(60.0, gt=0)
+    window_grace_seconds: float = Field(10.0, ge=0)
     data_dir: str = ""
+    stats_interval_seconds: float = Field(30.0, gt=0)
+    commit_interval_seconds: float = Field(1.0, gt=0)
+    replication_factor: int = Field(1, ge=1)
 
 
 class ShardSettings(_Settings):
-    """The shard writer (`rollout-bus shards`)."""
+    """The shard writer (`rollout-bus shards`).
+
+    ``idle_flush_s``: after this long with no new episode (and caught up), pending episodes are
+    written as partial batches; None never flushes. ``exit_when_idle`` stops the writer once idle
+    (after that flush); ``max_batches`` after that many batches written by this process.
+    """
 
     out: str = "shards"
     dp_size: int = Field(2, ge=1)
     groups_per_batch: int = Field(2, ge=1)
-    batching: str = "step"
+    batching: Literal["step", "arrival"] = "step"
     group_id: str = "rollout-bus-shards"
-    normalization: str = "grpo"
+    normalization: Literal["none", "grpo", "grpo_std"] = "grpo"
+    idle_flush_s: float | None = Field(None, gt=0)
+    exit_when_idle: bool = False
+    max_batches: int | None = Field(None, ge=1)
