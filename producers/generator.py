@@ -1,0 +1,195 @@
+"""The built-in generator: seeded multi-turn episodes, sampled with real top-p/top-k math in torch.
+
+Contract:
+
+* ``iter_turns(settings)`` yields ``(sample, args)`` for every turn, where ``args`` holds the
+  ``publish_turn`` keywords ``turn``, ``attempt``, ``final`` and ``group_size``; no Kafka is
+  involved. The same settings (seed included) yield the same samples in the same order.
+* ``ceil(episodes / n_samples_per_prompt)`` prompt groups, assigned to the adapters round-robin;
+  each adapter numbers its own ``group_index`` and ``index`` (= ``rollout_id``) from 0, because
+  ids are local to each adapter's data source. The last group holds what is left over, and
+  ``group_size`` is the number of episodes actually in the group.
+* Order: groups one after another; inside a group the live episodes advance one turn per round
+  and their turns come out in index order, as concurrent engine calls would. The steps of all of
+  a round's rollouts are batched: one ``[B, V]`` policy call and one sampling op per step.
+* ``publish_generated(settings, publisher, progress=...)`` sends all of it (plus the deliberate
+  faults of ``inject_faults``) and returns a ``GenerateSummary``.
+* ``torch_threads`` (when > 0) sets torch's intra-op threads while generating, restored after:
+  the per-step ops are small, and thread hand-offs cost more than they give on a busy 2-core box.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from producers.environment import ToolEnvironment
+from producers.episode import Episode, EpisodeId, TurnDraft
+from producers.faults import FaultPlan
+from producers.policy import Policy
+from producers.sampling import SamplingParams, sample_tokens
+from rollout_bus.config import GenerateSettings
+from rollout_bus.errors import ConfigError, must_be
+from rollout_bus.metrics import get_rollout_key
+from rollout_bus.sample import AdapterRef, Sample
+from rollout_bus.topics import rollout_key_string
+
+logger = logging.getLogger(__name__)
+
+_PROMPT_STREAM = 1 << 29
+_ENGINE_STREAM = 1 << 28
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One prompt group: which adapter, its index in the step, how many episodes, its first sample index."""
+
+    adapter: AdapterRef | None
+    group_index: int
+    size: int
+    first_index: int
+
+
+def parse_adapters(spec: str) -> list[AdapterRef | None]:
+    """``"math,code"`` -> ``[AdapterRef("math", 0), AdapterRef("code", 1)]``; ``""`` -> ``[None]``."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if len(set(names)) != len(names):
+        raise ConfigError(must_be("adapters", "distinct names", spec))
+    return [AdapterRef(name, slot) for slot, name in enumerate(names)] or [None]
+
+
+def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
+    """Every prompt group, in publishing order.
+
+    Group indices count the RL step's prompt groups across adapters (group g goes to adapter
+    g mod A), so a step batch's range of group indices is complete from the episodes alone; each
+    adapter's data source numbers its own samples (``index``/``rollout_id``) from 0.
+    """
+    n = settings.n_samples_per_prompt
+    adapters = parse_adapters(settings.adapters)
+    groups = []
+    for g in range(math.ceil(settings.episodes / n)):
+        local = g // len(adapters)
+        size = min(n, settings.episodes - g * n)
+        groups.append(GroupSpec(adapters[g % len(adapters)], g, size, local * n))
+    return groups
+
+
+def _check(settings: GenerateSettings) -> SamplingParams:
+    if settings.min_response_len > settings.max_response_len:
+        raise ConfigError(must_be("min_response_len", f"<= max_response_len={settings.max_response_len}",
+                                  settings.min_response_len))
+    return SamplingParams(settings.temperature, settings.top_p, settings.top_k)
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _engine_generator(settings: GenerateSettings, group: GroupSpec, round_: int) -> torch.Generator:
+    slot = group.adapter.slot + 1 if group.adapter is not None else 0
+    words = [settings.seed, slot, group.group_index, round_, _ENGINE_STREAM]
+    seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def _run_engine(policy: Policy, params: SamplingParams, drafts: list[TurnDraft], gen: torch.Generator) -> None:
+    """Sample every draft's response, one batched policy step at a time."""
+    while True:
+        active = [d for d in drafts if d.needs_token]
+        if not active:
+            return
+        prev, last, salt = torch.tensor([d.context() for d in active], dtype=torch.int64).unbind(1)
+        draw = sample_tokens(policy.logits(prev, last, salt), params, gen)
+        for i, draft in enumerate(active):
+            draft.push(int(draw.tokens[i]), float(draw.log_probs[i]), draw.supports[i])
+
+
+def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvironment,
+                    faults: FaultPlan) -> list[Episode]:
+    slot = group.adapter.slot + 1 if group.adapter is not None else 0
+    rng = np.random.default_rng([settings.seed, slot, group.group_index, _PROMPT_STREAM])
+    name = group.adapter.name if group.adapter is not None else "base"
+    prompt, tokens = env.prompt(rng, f"{name}/task-{group.group_index}")
+    episodes = []
+    for j in range(group.size):
+        ident = EpisodeId(group.adapter, group.group_index, group.first_index + j, group.size)
+        episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident)))
+    return episodes
+
+
+def iter_turns(settings: GenerateSettings) -> Iterator[tuple[Sample, dict]]:
+    """Every turn of every episode, in publishing order, as ``(sample, publish_turn kwargs)``."""
+    params = _check(settings)
+    faults = FaultPlan(settings, parse_adapters(settings.adapters)[0])
+    with _torch_threads(settings.torch_threads):
+        policy = Policy(settings.vocab_size, settings.seed, dim=settings.policy_dim)
+        env = ToolEnvironment(settings.vocab_size)
+        for group in plan_groups(settings):
+            episodes = _group_episodes(settings, group, env, faults)
+            round_ = 0
+            while live := [e for e in episodes if not e.done]:
+                drafts = [e.begin_turn() for e in live]
+                _run_engine(policy, params, drafts, _engine_generator(settings, group, round_))
+                for episode, draft in zip(live, drafts):
+                    yield episode.end_turn(draft)
+                round_ += 1
+
+
+@dataclass
+class GenerateSummary:
+    """What a run sent: the finished episodes (key string, attempt of the final turn), turns, bytes
+    (record keys plus values, headers excluded), and the deliberate faults."""
+
+    episodes: list[tuple[str, int]] = field(default_factory=list)
+    turns_sent: int = 0
+    bytes_sent: int = 0
+    faults: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"episodes": [list(e) for e in self.episodes], "episodes_finished": len(self.episodes),
+                "turns_sent": self.turns_sent, "bytes_sent": self.bytes_sent, "faults": self.faults}
+
+
+ProgressFn = Callable[[GenerateSummary], None]
+
+
+def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None) -> GenerateSummary:
+    """Generate and publish everything; flush; return what was sent.
+
+    ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``send_raw``, ``flush`` and
+    ``bytes_sent``). ``progress`` is called with the running summary after every turn.
+    """
+    summary = GenerateSummary()
+    start_bytes = publisher.bytes_sent
+    last_final: tuple[Sample, dict] | None = None
+    for sample, args in iter_turns(settings):
+        publisher.publish_turn(sample, **args)
+        summary.turns_sent += 1
+        if args["final"]:
+            summary.episodes.append((rollout_key_string(get_rollout_key(sample, 0)), args["attempt"]))
+            last_final = last_final or (sample, args)
+        summary.bytes_sent = publisher.bytes_sent - start_bytes
+        if progress is not None:
+            progress(summary)
+    if settings.inject_faults:
+        plan = FaultPlan(settings, parse_adapters(settings.adapters)[0])
+        summary.faults = plan.publish(publisher, last_final, summary.episodes)
+    publisher.flush()
+    summary.bytes_sent = publisher.bytes_sent - start_bytes
+    logger.info("generated episodes=%d turns=%d bytes=%d faults=%d", len(summary.episodes), summary.turns_sent,
+                summary.bytes_sent, len(summary.faults))
+    return summary

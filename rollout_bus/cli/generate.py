@@ -1,0 +1,114 @@
+"""``rollout-bus generate``: the built-in generator publishing to rollout.turns; thin: parse, settle, run.
+
+Also ``python -m rollout_bus.cli.generate``. Progress (turns sent) goes to stderr with rich; the
+summary (finished episodes with their attempts, turns, bytes, faults) is printed, and written as
+JSON with ``--summary-out``. Exit 0 once every record is acknowledged by the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from producers.generator import GenerateSummary, publish_generated
+from producers.publisher import TurnPublisher
+from rollout_bus.cli import options
+from rollout_bus.config import GenerateSettings, KafkaSettings
+from rollout_bus.errors import RolloutBusError
+from rollout_bus.kafka.admin import ensure_topics
+
+console = Console(stderr=True)
+
+
+def _settings(**flags: object) -> GenerateSettings:
+    try:
+        return GenerateSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _configure_logging(verbose: bool) -> None:
+    if not logging.getLogger().handlers:  # run as a module: no `rollout-bus` callback configured logging
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
+    kwargs = kafka.client_kwargs()
+    topics = kafka.topics()
+    ensure_topics(kwargs, topics)
+    columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
+               "turns sent, {task.fields[mb]:.1f} MB"), TimeElapsedColumn())
+    began = time.monotonic()
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0)
+        update = lambda s: progress.update(task, completed=len(s.episodes), turns=s.turns_sent,  # noqa: E731
+                                           mb=s.bytes_sent / 1e6)
+        bootstrap = kwargs.pop("bootstrap_servers")
+        with TurnPublisher(bootstrap, topic=topics.turns, **kwargs) as publisher:
+            summary = publish_generated(settings, publisher, progress=update)
+        update(summary)
+    return summary, time.monotonic() - began
+
+
+def generate(
+    bootstrap_servers: str | None = options.BOOTSTRAP,
+    topic_prefix: str | None = options.TOPIC_PREFIX,
+    episodes: int | None = typer.Option(None, "--episodes", help="Episodes in all (groups = ceil(episodes / n))."),
+    seed: int | None = typer.Option(None, "--seed", help="Seeds everything: the same seed sends the same records."),
+    n_samples_per_prompt: int | None = typer.Option(None, "--n-samples-per-prompt", help="Episodes per prompt group."),
+    adapters: str | None = typer.Option(None, "--adapters", help="Comma-separated LoRA adapters, e.g. math,code."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Most turns per episode."),
+    min_response_len: int | None = typer.Option(None, "--min-response-len", help="Fewest tokens per response."),
+    max_response_len: int | None = typer.Option(None, "--max-response-len", help="Most tokens per response."),
+    vocab_size: int | None = typer.Option(None, "--vocab-size", help="Vocabulary of the built-in policy."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature."),
+    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus mass of the sampling support."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Most tokens in a support (<= 0: no limit)."),
+    compaction_prob: float | None = typer.Option(None, "--compaction-prob",
+                                                 help="Chance a turn restarts from a summary."),
+    retry_prob: float | None = typer.Option(None, "--retry-prob", help="Chance an attempt aborts and is retried."),
+    remove_prob: float | None = typer.Option(None, "--remove-prob", help="Chance an episode is marked remove_sample."),
+    tool_call_prob: float | None = typer.Option(None, "--tool-call-prob", help="Chance a response calls the tool."),
+    truncation_prob: float | None = typer.Option(None, "--truncation-prob",
+                                                 help="Chance an episode's last turn runs to max length."),
+    inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send a few deliberately bad records."),
+    summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+) -> None:
+    """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
+    _configure_logging(verbose)
+    kafka = KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
+                                                "topic_prefix": topic_prefix}.items() if v is not None})
+    settings = _settings(episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt, adapters=adapters,
+                         max_turns=max_turns, min_response_len=min_response_len, max_response_len=max_response_len,
+                         vocab_size=vocab_size, temperature=temperature, top_p=top_p, top_k=top_k,
+                         compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
+                         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob,
+                         inject_faults=inject_faults or None)
+    console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
+    try:
+        summary, seconds = _run(settings, kafka)
+    except RolloutBusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    doc = summary.to_json()
+    if summary_out is not None:
+        summary_out.parent.mkdir(parents=True, exist_ok=True)
+        partial = summary_out.with_name(summary_out.name + ".partial")
+        partial.write_text(json.dumps(doc, indent=1))
+        partial.replace(summary_out)  # a watcher never reads a half-written summary
+    console.print(f"sent {summary.turns_sent} turns of {len(summary.episodes)} episodes, "
+                  f"{summary.bytes_sent / 1e6:.2f} MB in {seconds:.1f}s; {len(summary.faults)} deliberate faults")
+
+
+if __name__ == "__main__":  # python -m rollout_bus.cli.generate
+    typer.run(generate)

@@ -1,0 +1,131 @@
+"""TurnPublisher and `generate` against the real broker: what goes in comes back, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from producers.generator import iter_turns
+from producers.publisher import TurnPublisher
+from rollout_bus.codec import decode_samples
+from rollout_bus.config import GenerateSettings
+from rollout_bus.errors import BrokerError, ContractError
+from rollout_bus.metrics import get_rollout_key
+from rollout_bus.records import TURN_FIELDS, TurnHeaders
+from rollout_bus.sample import Sample, Status
+from rollout_bus.topics import rollout_key_string
+
+pytestmark = pytest.mark.kafka
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_all(client_kwargs: dict, topic: str, expected: int, timeout_s: float = 30.0) -> list:
+    """Every record of ``topic`` from the beginning, once ``expected`` have arrived (or the deadline passed)."""
+    consumer = KafkaConsumer(**client_kwargs, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        got: list = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                got.extend(batch)
+            if len(got) >= expected:
+                deadline = min(deadline, time.monotonic() + 1.0)  # linger briefly: nothing more should come
+        return got
+    finally:
+        consumer.close()
+
+
+def small_settings(**overrides) -> GenerateSettings:
+    return GenerateSettings(**{**dict(episodes=4, vocab_size=2048, max_response_len=12, min_response_len=4),
+                               **overrides})
+
+
+def test_published_turns_come_back_with_the_same_key_value_and_headers(client_kwargs, topics):
+    turns = list(iter_turns(small_settings(adapters="math")))
+    before_ms = time.time_ns() // 1_000_000
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns) as publisher:
+        futures = [publisher.publish_turn(s, **args) for s, args in turns]
+        publisher.flush()
+    assert all(f.is_done and f.succeeded() for f in futures)
+    records = read_all(client_kwargs, topics.turns, len(turns))
+    assert len(records) == len(turns)
+    by_key: dict = {}
+    for record in records:
+        by_key.setdefault(record.key, []).append(record)
+    for sample, args in turns:
+        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        record = by_key[key].pop(0)  # one partition per key: turns of an episode stay in order
+        (decoded,), _ = decode_samples(record.value, TURN_FIELDS)
+        assert decoded == sample
+        headers = TurnHeaders.from_kafka(record.headers)
+        assert (headers.turn, headers.attempt, headers.final, headers.group_size) == (
+            args["turn"], args["attempt"], args["final"], args["group_size"])
+        assert before_ms <= headers.sent_at_ms <= time.time_ns() // 1_000_000
+    assert len({r.partition for r in records}) > 1 or len(by_key) == 1
+
+
+def test_an_invalid_sample_is_refused_and_never_sent(client_kwargs, topics):
+    good = Sample(group_index=0, index=0, rollout_id=0, tokens=[1, 2, 3], response_length=1, loss_mask=[1],
+                  status=Status.COMPLETED)
+    bad = Sample(group_index=0, index=1, rollout_id=1, tokens=[1, 2, 3], response_length=2, loss_mask=[1],
+                 status=Status.COMPLETED)
+    anonymous = Sample(tokens=[1, 2], response_length=1, status=Status.COMPLETED)
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns) as publisher:
+        with pytest.raises(ContractError, match=r"turn=3 .*\[null,null,\"rollout\",0,1\].*loss_mask"):
+            publisher.publish_turn(bad, turn=3, final=False, group_size=2)
+        with pytest.raises(ContractError, match="position"):
+            publisher.publish_turn(anonymous, turn=0, final=True, group_size=1)
+        publisher.publish_turn(good, turn=0, final=True, group_size=2)
+    records = read_all(client_kwargs, topics.turns, 1, timeout_s=10)
+    assert [r.key for r in records] == [b'[null,null,"rollout",0,0]']
+
+
+def test_extra_kafka_config_passes_through_to_the_producer(client_kwargs, topics):
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, client_id="custom-id",
+                       compression_type="gzip", linger_ms=0) as publisher:
+        assert publisher._producer.config["client_id"] == "custom-id"
+        assert publisher._producer.config["enable_idempotence"] is True
+        assert publisher._producer.config["acks"] == -1
+
+
+def test_generate_command_publishes_every_turn_and_accounts_for_every_episode(client_kwargs, topics, tmp_path):
+    summary_path = tmp_path / "summary.json"
+    prefix = topics.turns[: -len("rollout.turns")]
+    done = subprocess.run(
+        [sys.executable, "-m", "rollout_bus.cli.generate", "--bootstrap-servers", client_kwargs["bootstrap_servers"],
+         "--topic-prefix", prefix, "--episodes", "8", "--summary-out", str(summary_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(summary_path.read_text())
+    records = read_all(client_kwargs, topics.turns, summary["turns_sent"])
+    assert len(records) == summary["turns_sent"] >= 8
+    finals = [(r.key.decode(), TurnHeaders.from_kafka(r.headers).attempt) for r in records
+              if TurnHeaders.from_kafka(r.headers).final]
+    assert sorted(finals) == sorted(tuple(e) for e in summary["episodes"])
+    assert len(finals) == summary["episodes_finished"] == 8
+    assert summary["bytes_sent"] == sum(len(r.key) + len(r.value) for r in records)
+    expected = [s for s, _ in iter_turns(GenerateSettings(episodes=8))]
+    decoded = [decode_samples(r.value, TURN_FIELDS)[0][0] for r in records]
+    assert sorted(int(np.sum(s.response_length)) for s in decoded) == sorted(s.response_length for s in expected)
+
+
+def test_a_delivery_failure_surfaces_on_flush(client_kwargs, topics):
+    publisher = TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_request_size=8_000_000,
+                              compression_type="gzip")
+    too_big = np.random.default_rng(0).bytes(3_000_000)  # incompressible, over the broker's 1 MB record limit
+    future = publisher.send_raw(b"k", too_big, [])
+    with pytest.raises(BrokerError, match="failed delivery"):
+        publisher.flush(timeout=60)
+    assert future.failed()
+    publisher.close(timeout=5)  # the failure was reported once; closing is clean
