@@ -10,7 +10,7 @@ import logging
 
 import typer
 
-from rollout_bus.cli import demo, kafka
+from rollout_bus.cli import demo, generate, kafka, shards, stream
 
 app = typer.Typer(
     name="rollout-bus",
@@ -21,6 +21,9 @@ app = typer.Typer(
 )
 app.add_typer(kafka.app, name="kafka")
 app.command("demo")(demo.demo)
+app.command("generate")(generate.generate)
+app.command("stream")(stream.stream)
+app.command("shards")(shards.shards)
 
 
 @app.callback()

@@ -69,17 +69,23 @@ class DemoRun:
     def start_stages(self) -> None:
         o, logs = self.options, self.out / "logs"
         self.stages["stream"] = StageProcess("stream", "stream", [
-            *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}", "--data-dir", str(self.out / "faust")],
+            *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}-stream", "--data-dir", str(self.out / "faust")],
             logs / "stream.log")
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
-            "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}",
+            "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
             "--idle-flush-s", str(o.idle_flush_s)], logs / "shards.log")
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
                     "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
                     *(["--adapters", o.adapters] if o.adapters else []),
                     *(["--inject-faults"] if o.inject_faults else []), *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
+
+    def restart(self, name: str) -> StageProcess:
+        """Start a stage again with the same arguments (after a crash drill killed it)."""
+        old = self.stages[name]
+        self.stages[name] = StageProcess(name, old.module, old.args, old.log_path)
+        return self.stages[name]
 
     def stop_stages(self) -> None:
         for stage in reversed(list(self.stages.values())):
@@ -157,10 +163,11 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
     return 0
 
 
-def _metrics_table(batches: dict[str, dict[str, Any]], limit: int = 6) -> Table:
+def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
+    limit = max(1, min(6, (width - 50) // 12))  # as many batch columns as fit beside full metric names
     shown = list(batches.items())[-limit:]
     table = Table(title=f"batch metrics (last {len(shown)} of {len(batches)} batches)", show_lines=False)
-    table.add_column("metric")
+    table.add_column("metric", no_wrap=True, min_width=44)
     for name, _ in shown:
         table.add_column(name.replace("batch-", "#"), justify="right")
     names = sorted({k for _, m in shown for k in m.get("metrics", {})})
@@ -177,7 +184,7 @@ def print_report(console: Console, run: DemoRun, result: Reconciliation | None, 
                  elapsed_s: float) -> None:
     batches = written_batches(run.out / "shards")
     if batches:
-        console.print(_metrics_table(batches))
+        console.print(_metrics_table(batches, console.width))
     closed = [w for w in windows if w.get("closed")]
     console.print(f"window metrics: {len(windows)} records on {run.topics.metrics} ({len(closed)} closed windows)")
     if result is not None:
