@@ -10,7 +10,7 @@ import logging
 
 import typer
 
-from rollout_bus.cli import demo, generate, kafka, shards, stream
+from rollout_bus.cli import demo, generate, kafka, shards, stream, topics
 
 app = typer.Typer(
     name="rollout-bus",
@@ -20,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(kafka.app, name="kafka")
+app.add_typer(topics.app, name="topics")
 app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("stream")(stream.stream)

@@ -66,7 +66,8 @@ class DemoRun:
     def _common(self) -> list[str]:
         return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]
 
-    def start_stages(self) -> None:
+    def start_stages(self, generator: bool = True) -> None:
+        """Start stream worker and shard writer, then (unless told not to) the generator."""
         o, logs = self.options, self.out / "logs"
         self.stages["stream"] = StageProcess("stream", "stream", [
             *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}-stream", "--data-dir", str(self.out / "faust")],
@@ -75,6 +76,8 @@ class DemoRun:
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
             "--idle-flush-s", str(o.idle_flush_s)], logs / "shards.log")
+        if not generator:
+            return
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
                     "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
                     *(["--adapters", o.adapters] if o.adapters else []),
