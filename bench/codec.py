@@ -9,11 +9,13 @@ machine state, we time:
   of distinct memory, so the source is not in cache (the floor any codec must pay once);
 * pickle: protocol-5 ``dumps`` + ``loads`` of the same Sample (the unsafe alternative).
 
-Reports medians and ``copy_ratio = copy / codec`` (target >= 0.25) and
+The three run in a rotating order within each repetition. Reports medians (and 10th percentiles,
+steadier on a shared machine) and ``copy_ratio = copy / codec`` (target >= 0.25) and
 ``pickle_ratio = pickle / codec`` (target >= 1: the codec is no slower). Run:
 ``.venv/bin/python bench/codec.py [--reps 2000] [--response-tokens 4096] [--chars-per-token 4]``.
-The text (prompt and response strings) travels in the JSON document; CPython's JSON string
-escaping (~2 ns a character each way) is a large share of the codec time at 4 characters a token.
+The text (prompt and response strings) travels in the JSON document; the codec writes long
+texts without escaping and cuts long responses out before parsing, so text costs it about a copy
+and one scan each way rather than CPython's ~4 ns a character of JSON string escaping.
 """
 
 from __future__ import annotations
@@ -81,22 +83,20 @@ def run(reps: int, prompt_tokens: int, response_tokens: int, as_lists: bool, cha
         codec()
         pickled()
     times: dict[str, list[int]] = {"codec": [], "copy": [], "pickle": []}
+    order = list(times)
     for k in range(reps):
         src = cold[(k % slots) * nbytes:(k % slots + 1) * nbytes]
-        times["copy"].append(_timed(lambda: np.copyto(dst, src)))
-        times["codec"].append(_timed(codec))
-        times["pickle"].append(_timed(pickled))
-    med = {name: statistics.median(values) / 1000 for name, values in times.items()}
-    return {
-        "sample_holds": "lists" if as_lists else "numpy arrays",
-        "text_chars": len(sample.response) + len(sample.prompt[0]["content"]),
-        "payload_bytes": nbytes,
-        "codec_us": round(med["codec"], 1),
-        "copy_us": round(med["copy"], 1),
-        "pickle_us": round(med["pickle"], 1),
-        "copy_ratio": round(med["copy"] / med["codec"], 3),
-        "pickle_ratio": round(med["pickle"] / med["codec"], 3),
-    }
+        work = {"copy": lambda: np.copyto(dst, src), "codec": codec, "pickle": pickled}
+        for name in order[k % 3:] + order[:k % 3]:  # rotate, so none always runs after the same one
+            times[name].append(_timed(work[name]))
+    result = {"sample_holds": "lists" if as_lists else "numpy arrays",
+              "text_chars": len(sample.response) + len(sample.prompt[0]["content"]), "payload_bytes": nbytes}
+    for stat, pick in (("median", statistics.median), ("p10", lambda v: sorted(v)[len(v) // 10])):
+        us = {name: pick(values) / 1000 for name, values in times.items()}
+        result[stat] = {"codec_us": round(us["codec"], 1), "copy_us": round(us["copy"], 1),
+                        "pickle_us": round(us["pickle"], 1), "copy_ratio": round(us["copy"] / us["codec"], 3),
+                        "pickle_ratio": round(us["pickle"] / us["codec"], 3)}
+    return result
 
 
 def main() -> None:

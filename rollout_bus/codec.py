@@ -21,6 +21,9 @@ Contract:
   another exception, never pickle. Sizes are capped (``MAX_PAYLOAD_BYTES``, ``MAX_HEADER_BYTES``,
   or the keyword arguments of ``decode_samples``). Duplicate JSON keys resolve last-wins, as in
   every JSON parser; in the header any data they orphan fails the tiling check.
+* The safetensors framing lives in ``rollout_bus.safetensors_frame``. Long texts take fast paths
+  (written verbatim when they need no escaping, cut out by byte search before parsing) whose
+  output is exactly that of ``json`` (compact, key-sorted, ``ensure_ascii=False``) or which decline.
 * Decoded tensors are read-only numpy views into the payload, an immutable ``bytes`` (a bytearray
   or memoryview is copied once first), so they never alias a buffer the caller may reuse.
   Metadata, prompts and dict rewards must be JSON-native (dicts with str keys, lists, str, int,
@@ -32,12 +35,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
 import numpy as np
 
 from rollout_bus.errors import CodecError, must_be
+from rollout_bus.safetensors_frame import clip as _clip
+from rollout_bus.safetensors_frame import loads as _loads
+from rollout_bus.safetensors_frame import read_frame, write_frame
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
@@ -49,8 +54,6 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_JSON_DEPTH = 200
 META_TENSOR = "_samples_meta"
 INTERNAL_ERROR = "internal decoder error"  # marks the safety net, so fuzz tests can tell it apart
-_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
-             "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ _I64, _U8, _F64, _I32 = (np.dtype(t) for t in ("<i8", "u1", "<f8", "<i4"))
 _META_PART = _Part(META_TENSOR, "U8", _U8)
 _FIELDS: dict[str, _Field] = {f.name: f for f in (
     _Field("tokens", "tensor", (_Part("tokens", "I64", _I64),), nullable=False, strict=False),
-    _Field("loss_mask", "tensor", (_Part("loss_mask", "U8", _U8, 0, 1),), nullable=True, strict=False),
+    _Field("loss_mask", "tensor", (_Part("loss_mask", "U8", _U8, None, 1),), nullable=True, strict=False),  # U8: >= 0
     _Field("rollout_log_probs", "tensor", (_Part("rollout_log_probs", "F64", _F64),), nullable=True, strict=False),
     _Field("rollout_sampling_mask", "csr", (_Part("rollout_sampling_mask.ids", "I32", _I32, 0),
                                             _Part("rollout_sampling_mask.offsets", "I64", _I64)),
@@ -171,7 +174,7 @@ def _status_in(value: Any, name: str, where: str) -> Status:
 
 
 def _status_out(value: Any, name: str, where: str) -> str:
-    return _status_in(value, name, where).value
+    return value.value if type(value) is Status else _status_in(value, name, where).value
 
 
 def _adapter_in(value: Any, name: str, where: str) -> AdapterRef:
@@ -183,7 +186,9 @@ def _adapter_in(value: Any, name: str, where: str) -> AdapterRef:
 def _adapter_out(value: Any, name: str, where: str) -> list:
     if not isinstance(value, AdapterRef):
         raise CodecError(must_be(name, "an AdapterRef or None", value, where=where))
-    return [_adapter_in([value.name, value.slot], name, where).name, int(value.slot)]
+    if not (isinstance(value.name, str) and _is_int(value.slot)):
+        raise CodecError(must_be(name, "[adapter name, slot] or null", [value.name, value.slot], where=where))
+    return [value.name, int(value.slot)]
 
 
 def _metadata(value: Any, name: str, where: str) -> dict:
@@ -310,6 +315,12 @@ def _resolve(fields: Any) -> tuple[_Field, ...]:
 # ---------------------------------------------------------------- encode
 
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# Escaping text costs the JSON encoder ~4 ns a character; a string without quote, backslash or
+# control character is written verbatim, so long ones are lifted out, replaced by _MARK (which no
+# lifted string can be: it holds control characters) and spliced back as their UTF-8 bytes.
+_VERBATIM_MIN = 512
+_MARK = "\x00\x01"
+_MARK_JSON = _JSON.encode(_MARK)
 
 
 def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_FIELDS,
@@ -326,14 +337,10 @@ def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_F
         samples = list(samples)
     except TypeError as exc:
         raise CodecError(must_be("samples", "a sequence of Sample", type(samples).__name__)) from exc
-    tensors: list[tuple[str, _Part, np.ndarray]] = []
+    tensors: list[tuple[str, str, np.ndarray]] = []
     entries = [_encode_sample(i, sample, specs, tensors) for i, sample in enumerate(samples)]
-    try:
-        meta = _JSON.encode({"metadata": metadata, "samples": entries}).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CodecError(f"samples metadata cannot be written as JSON: {exc}") from exc
-    tensors.append((META_TENSOR, _META_PART, np.frombuffer(meta, dtype=_U8)))
-    return _write_container(tensors)
+    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(_dump_document(metadata, entries), dtype=_U8)))
+    return write_frame(tensors, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES)
 
 
 def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list) -> dict:
@@ -361,25 +368,70 @@ def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list
                 raise CodecError(must_be(part.name, f"dtype {part.dtype}", f"dtype {arr.dtype}", where=where))
             if not spec.strict and (part.low is not None or part.high is not None):
                 _check_bounds(arr, part, where)
-            tensors.append((f"{part.name}.{i}", part, arr))
+            tensors.append((f"{part.name}.{i}", part.wire, arr))
     entry["nulls"] = nulls
     return entry
 
 
-def _write_container(tensors: list[tuple[str, _Part, np.ndarray]]) -> bytes:
-    """Safetensors layout: widest dtypes first so every tensor is aligned; header padded to 8."""
-    tensors.sort(key=lambda t: -t[2].itemsize)  # stable: sample order within a width
-    described, end = [], 0
-    for name, part, arr in tensors:
-        begin, end = end, end + arr.nbytes
-        described.append(f'"{name}":{{"dtype":"{part.wire}","shape":[{arr.size}],"data_offsets":[{begin},{end}]}}')
-    header = ("{" + ",".join(described) + "}").encode("ascii")
-    header += b" " * (-len(header) % 8)
-    size = 8 + len(header) + end
-    if len(header) > MAX_HEADER_BYTES or size > MAX_PAYLOAD_BYTES:
-        raise CodecError(must_be("payload", f"<= {MAX_PAYLOAD_BYTES} bytes with a header <= {MAX_HEADER_BYTES}",
-                                 f"{size} bytes, header {len(header)}"))
-    return b"".join([len(header).to_bytes(8, "little"), header, *(t[2] for t in tensors)])
+def _dump_document(metadata: dict, entries: list[dict]) -> bytes:
+    """The compact, key-sorted UTF-8 JSON of all samples: exactly ``_JSON``'s output, faster."""
+    texts: list[bytes] = []
+    lifted = [_lift_texts(entry, texts) for entry in entries]
+    try:
+        if texts:
+            pieces = _JSON.encode({"metadata": metadata, "samples": lifted}).split(_MARK_JSON)
+            if len(pieces) == len(texts) + 1:  # else some other string holds _MARK: write it all plainly
+                out = [pieces[0].encode("utf-8")]
+                for raw, piece in zip(texts, pieces[1:]):
+                    out += (b'"', raw, b'"', piece.encode("utf-8"))
+                document = b"".join(out)
+                # The encoder writes no raw control character: one here is in a lifted text.
+                if np.frombuffer(document, dtype=_U8).min() >= 0x20:
+                    return document
+        return _JSON.encode({"metadata": metadata, "samples": entries}).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CodecError(f"samples metadata cannot be written as JSON: {exc}") from exc
+
+
+def _lift_texts(entry: dict, texts: list[bytes]) -> dict:
+    """A copy of ``entry`` with long verbatim texts as _MARK, appended to ``texts`` in JSON order.
+
+    Sorted keys put ``prompt`` (a string, or messages whose ``content`` is one) before ``response``.
+    """
+    prompt, response = entry["prompt"], _verbatim(entry["response"])
+    if type(prompt) is str:
+        raw = _verbatim(prompt)
+        if raw is not None:
+            texts.append(raw)
+            prompt = _MARK
+    else:  # a list of messages
+        before = len(texts)
+        messages = [_lift_content(m, texts) for m in prompt]
+        prompt = messages if len(texts) > before else prompt
+    if response is not None:
+        texts.append(response)
+    if prompt is entry["prompt"] and response is None:
+        return entry
+    return {**entry, "prompt": prompt, "response": _MARK if response is not None else entry["response"]}
+
+
+def _lift_content(message: dict, texts: list[bytes]) -> dict:
+    raw = _verbatim(message.get("content")) if type(message) is dict else None
+    if raw is None:
+        return message
+    texts.append(raw)
+    return {**message, "content": _MARK}
+
+
+def _verbatim(text: Any) -> bytes | None:
+    """``text`` as UTF-8 when it is long and has no quote or backslash (control characters are
+    looked for once in the whole document)."""
+    if type(text) is not str or len(text) < _VERBATIM_MIN or '"' in text or "\\" in text:
+        return None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: the plain encoder reports it
+        return None
 
 
 # ---------------------------------------------------------------- decode
@@ -413,8 +465,11 @@ def decode_samples(payload: bytes, fields: Sequence[str] = COMPUTED_FIELDS, *, m
 
 
 def _decode(payload: bytes, specs: tuple[_Field, ...], max_header: int) -> tuple[list[Sample], dict]:
-    entries = _read_container(payload, max_header)
-    document = _loads(_take(payload, entries, META_TENSOR, _META_PART, "the payload").tobytes(), META_TENSOR)
+    entries = read_frame(payload, max_header)
+    begin, count = _claim(entries, META_TENSOR, _META_PART, "the payload")
+    raw = payload[begin:begin + count]
+    document = _load_lifted(raw)
+    document = _loads(raw, META_TENSOR) if document is None else document
     if type(document) is not dict or document.keys() != {"metadata", "samples"}:
         raise CodecError(must_be(META_TENSOR, "an object with keys metadata, samples", _clip(document)))
     if type(document["samples"]) is not list:
@@ -445,10 +500,13 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
         if spec.name in nulls:
             kwargs[spec.name] = None
             continue
-        arrays = [_take(payload, entries, f"{part.name}.{i}", part, where) for part in spec.parts]
-        for part, arr in zip(spec.parts, arrays):
+        arrays = []
+        for part in spec.parts:
+            begin, count = _claim(entries, f"{part.name}.{i}", part, where)
+            arr = np.frombuffer(payload, dtype=part.dtype, count=count, offset=begin)
             if part.low is not None or part.high is not None:
                 _check_bounds(arr, part, where)
+            arrays.append(arr)
         kwargs[spec.name] = _KINDS[spec.kind][1](spec, arrays, where)
     try:
         sample = Sample(**kwargs)
@@ -458,7 +516,47 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
     return sample
 
 
-def _take(payload: bytes, entries: dict, name: str, part: _Part, where: str) -> np.ndarray:
+_MARK_RAW = _MARK_JSON[1:-1].encode("ascii")
+_RESPONSE_KEY = b'"response":"'
+
+
+def _load_lifted(raw: bytes) -> dict | None:
+    """``json.loads(raw)`` with long sample responses cut out by byte search, or None when unsure.
+
+    Scanning text costs the JSON parser ~1 ns a character. In a document without a backslash
+    every quote delimits a string, so a response runs to the next quote, and the escape _MARK
+    stands in for it unambiguously; a _MARK found anywhere but in a sample's response means
+    the search hit something else, and None sends the caller to the plain parser.
+    """
+    if b"\\" in raw:
+        return None
+    spans, at = [], raw.find(_RESPONSE_KEY)
+    while at >= 0:
+        begin = at + len(_RESPONSE_KEY)
+        end = raw.find(b'"', begin)
+        if end < 0:
+            return None
+        if end - begin >= _VERBATIM_MIN:
+            spans.append((begin, end))
+        at = raw.find(_RESPONSE_KEY, end + 1)
+    if not spans or np.frombuffer(raw, dtype=_U8).min() < 0x20:  # control characters: let json.loads judge
+        return None
+    cuts = [0, *(at for span in spans for at in span), len(raw)]
+    try:
+        texts = [raw[begin:end].decode("utf-8") for begin, end in spans]
+        document = json.loads(_MARK_RAW.join(raw[cuts[k]:cuts[k + 1]] for k in range(0, len(cuts), 2)).decode())
+    except (ValueError, RecursionError):
+        return None
+    samples = document.get("samples") if type(document) is dict else None
+    marked = [e for e in samples if type(e) is dict and e.get("response") == _MARK] if type(samples) is list else []
+    if len(marked) != len(texts):
+        return None
+    for entry, text in zip(marked, texts):
+        entry["response"] = text
+    return document
+
+
+def _claim(entries: dict, name: str, part: _Part, where: str) -> tuple[int, int]:
     """Claim one promised tensor: it must exist, be rank 1 and have the part's wire dtype."""
     entry = entries.pop(name, None)
     if entry is None:
@@ -468,77 +566,4 @@ def _take(payload: bytes, entries: dict, name: str, part: _Part, where: str) -> 
         raise CodecError(must_be(f"tensor {name} dtype", part.wire, wire, where=where))
     if len(shape) != 1:
         raise CodecError(must_be(f"tensor {name} rank", "1", len(shape), where=where))
-    return np.frombuffer(payload, dtype=part.dtype, count=count, offset=begin)
-
-
-def _read_container(payload: bytes, max_header: int) -> dict[str, tuple[str, list, int, int]]:
-    """Check the safetensors header before touching data: name -> (dtype, shape, start, count)."""
-    size = len(payload)
-    if size < 8:
-        raise CodecError(f"truncated payload: {size} bytes, the header length alone needs 8")
-    header_len = int.from_bytes(payload[:8], "little")
-    if header_len > max_header:
-        raise CodecError(must_be("header length", f"<= max_header_bytes={max_header}", header_len))
-    data_start = 8 + header_len
-    if data_start > size:
-        raise CodecError(f"truncated payload: a header of {header_len} bytes needs {data_start} bytes, got {size}")
-    header = _loads(payload[8:data_start], "safetensors header")
-    if type(header) is not dict:
-        raise CodecError(must_be("safetensors header", "a JSON object", _clip(header)))
-    extra = header.pop("__metadata__", {})
-    if type(extra) is not dict or not all(type(v) is str for v in extra.values()):
-        raise CodecError(must_be("__metadata__", "an object of strings", _clip(extra)))
-    data_len, entries, spans = size - data_start, {}, []
-    for name, info in header.items():
-        wire, shape, begin, end = _header_entry(name, info, data_len)
-        entries[name] = (wire, shape, data_start + begin, (end - begin) // _ITEMSIZE[wire])
-        spans.append((begin, end, name))
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            what = "overlaps the tensor before it" if begin < position else f"leaves a gap after byte {position}"
-            raise CodecError(f"tensor {name!r} data_offsets [{begin}, {end}] {what}")
-        position = end
-    if position != data_len:
-        raise CodecError(f"payload has {data_len - position} bytes after the last tensor")
-    return entries
-
-
-def _header_entry(name: str, info: Any, data_len: int) -> tuple[str, list, int, int]:
-    """One header entry, with exact types (JSON gives int, never bool or numpy)."""
-    if type(info) is not dict or len(info) != 3:
-        raise CodecError(must_be(f"header entry {name!r}", "an object of dtype, shape, data_offsets", _clip(info)))
-    wire, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if type(wire) is not str or wire not in _ITEMSIZE:
-        raise CodecError(must_be(f"tensor {name} dtype", "a safetensors dtype", _clip(wire)))
-    rank_one = type(shape) is list and len(shape) == 1 and type(shape[0]) is int and shape[0] >= 0  # the hot case
-    if not rank_one and (type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape)):
-        raise CodecError(must_be(f"tensor {name} shape", "a list of integers >= 0", _clip(shape)))
-    if not (type(offsets) is list and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int
-            and 0 <= offsets[0] <= offsets[1] <= data_len):
-        raise CodecError(must_be(f"tensor {name} data_offsets", f"[begin, end] within [0, {data_len}]",
-                                 _clip(offsets)))
-    nbytes = (shape[0] if rank_one else prod(shape)) * _ITEMSIZE[wire]
-    if offsets[1] - offsets[0] != nbytes:
-        raise CodecError(must_be(f"tensor {name} byte length", f"{nbytes} for shape {shape}", offsets[1] - offsets[0]))
-    return wire, shape, offsets[0], offsets[1]
-
-
-def _loads(raw: bytes, what: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise CodecError(f"{what} is not valid UTF-8 JSON: {exc}") from exc
-
-
-class _Clipped(str):
-    """Text that ``must_be`` shows as is."""
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-def _clip(value: Any, limit: int = 80) -> _Clipped:
-    """A bounded repr for messages about hostile input."""
-    text = repr(value)
-    return _Clipped(text if len(text) <= limit else text[:limit] + "...")
+    return begin, count

@@ -414,3 +414,63 @@ def test_random_batches_round_trip_to_the_plain_model(batch, metadata, with_mask
     assert meta == metadata
     assert [plain(s, True) for s in out] == [plain(s, with_mask) for s in batch]
     assert encode_samples(out, fields, meta) == payload  # decoding loses nothing the encoder wrote
+
+
+# ---------------------------------------------------------------- long texts (the fast JSON paths)
+
+LONG = "a tool call said: 'ok' & more " * 40  # > 512 characters, written verbatim by JSON
+TRICKY = ["", LONG, LONG + '"quoted"', LONG + "back\\slash", LONG + "line\nbreak\t\x00\x1f", LONG + "日本語 ü 🙂",
+          LONG + "\x00\x01", "\x00\x01", LONG + '"\\u0000\\u0001"', LONG + "\x7f\u2028"]
+
+
+def _meta_bytes(payload: bytes) -> bytes:
+    return safetensors.numpy.load(payload)["_samples_meta"].tobytes()
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_long_texts_round_trip_and_the_document_is_canonical_json(text):
+    sample = make_sample(response=text, prompt=[{"role": "user", "content": text}, {"content": 5}],
+                         label=text, metadata={"response": text, "note": [text]})
+    payload = encode_samples([sample, make_sample(prompt=text, response=LONG)], ALL, {"response": text})
+    (out, second), meta = decode_samples(payload, ALL)
+    assert out == sample and second.prompt == text and meta == {"response": text}
+    raw = _meta_bytes(payload)
+    canonical = json.dumps(json.loads(raw), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert raw == canonical.encode("utf-8")
+
+
+def test_a_lone_surrogate_in_a_long_text_is_refused_as_a_codec_error():
+    with pytest.raises(CodecError, match="JSON"):
+        encode_samples([make_sample(response=LONG + "\ud800")])
+
+
+def test_long_responses_in_a_foreign_spelling_of_the_document_decode_alike():
+    def respell(meta, tensors):
+        meta["samples"][0].update(response=LONG, metadata={"response": LONG + "x"})
+        return json.dumps(meta, indent=1).encode()  # spaces, newlines and ASCII escapes: still valid JSON
+
+    (out,), _ = decode_samples(_repack(respell), ALL)
+    assert out.response == LONG and out.metadata == {"response": LONG + "x"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(min_size=0, max_size=8).map(lambda t: t + LONG + t), min_size=3, max_size=3),
+       spelled_plainly=st.booleans())
+def test_the_fast_document_parser_agrees_with_json_loads_or_declines(texts, spelled_plainly):
+    document = {"metadata": {"response": texts[0]},
+                "samples": [{"response": texts[1], "prompt": [{"response": texts[2]}]}, {"response": texts[2]}]}
+    raw = json.dumps(document, ensure_ascii=not spelled_plainly, separators=(",", ":")).encode()
+    parsed = codec._load_lifted(raw)
+    assert parsed is None or parsed == json.loads(raw)
+    if spelled_plainly and all('"' not in t and "\\" not in t and t.isprintable() for t in texts):
+        assert parsed is None  # a long response outside the samples makes it decline...
+        del document["metadata"]["response"], document["samples"][0]["prompt"]
+        raw = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+        assert codec._load_lifted(raw) == document  # ...and without one it takes the fast path
+
+
+def test_a_plain_long_response_is_parsed_by_the_fast_path():
+    payload = encode_samples([make_sample(response=LONG, prompt=[{"role": "user", "content": LONG}])], ALL)
+    raw = _meta_bytes(payload)
+    assert codec._load_lifted(raw) == json.loads(raw)
+    assert decode_samples(payload, ALL)[0][0].response == LONG

@@ -122,3 +122,25 @@ def test_any_value_in_the_samples_metadata_never_raises_anything_else(data):
     tensors["_samples_meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     decode_or_codec_error(safetensors.numpy.save(tensors))
     decode_or_codec_error(safetensors.numpy.save(tensors), COMPUTED_FIELDS)
+
+
+LONG_TEXT = "words without quotes " * 40
+LONG_VALID = encode_samples([Sample(index=i, tokens=[1, 2, 3], response=LONG_TEXT, response_length=2,
+                                    metadata={"note": LONG_TEXT[:40]}) for i in range(2)], COMPUTED_FIELDS)
+_LONG_HEADER_END = 8 + int.from_bytes(LONG_VALID[:8], "little")
+LONG_META_START = _LONG_HEADER_END + json.loads(LONG_VALID[8:_LONG_HEADER_END])["_samples_meta"]["data_offsets"][0]
+
+
+def test_the_long_fuzzed_payload_is_valid_to_start_with():
+    assert decode_or_codec_error(LONG_VALID, COMPUTED_FIELDS)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.integers(LONG_META_START, len(LONG_VALID) - 1),
+                                st.sampled_from(b'{}[]",:\\0123456789 \x00\x80\xff"response"')),
+                      min_size=1, max_size=6))
+def test_edits_in_a_document_with_long_responses_never_raise_anything_else(edits):
+    payload = bytearray(LONG_VALID)
+    for position, byte in edits:
+        payload[position] = byte
+    decode_or_codec_error(bytes(payload), COMPUTED_FIELDS)
