@@ -10,7 +10,7 @@ import logging
 
 import typer
 
-from rollout_bus.cli import demo, generate, kafka, shards, stream, topics
+from rollout_bus.cli import demo, exporter, generate, kafka, shards, stream, tail, topics
 
 app = typer.Typer(
     name="rollout-bus",
@@ -25,6 +25,8 @@ app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("stream")(stream.stream)
 app.command("shards")(shards.shards)
+app.command("tail")(tail.tail)
+app.command("exporter")(exporter.exporter)
 
 
 @app.callback()

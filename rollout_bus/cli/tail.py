@@ -1,0 +1,154 @@
+"""``rollout-bus tail``: live metrics of a run, refreshing in place; thin: parse, build the feed, draw.
+
+Also ``python -m rollout_bus.cli.tail``. It reads rollout.metrics and rollout.dlq with its own
+group-less consumer (assign + seek, commits nothing), by default from the last ``--history``
+records of each partition (``--from-beginning``: all of them), and measures the lag of the stream
+worker's group on rollout.turns and the shard writer's on rollout.episodes. ``--once --json``
+prints one snapshot (``MetricsView.snapshot``) after reading up to the current end and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from rollout_bus.cli import options
+from rollout_bus.config import KafkaSettings, ShardSettings, StreamSettings
+from rollout_bus.ops.topic_reader import MetricsFeed
+
+# (metric, column header): headers short enough for an 80-column terminal
+WINDOW_COLUMNS = [("episode_response_length/mean", "len mean"), ("episode_response_length/median", "median"),
+                  ("episode_response_length/min", "min"), ("episode_response_length/max", "max"),
+                  ("episode_total_response_length/mean", "total"), ("episode_raw_reward", "reward")]
+BATCH_COLUMNS = [("num_training_samples", "rows"), ("response_len/mean", "resp len"),
+                 ("truncated_ratio", "truncated"), ("episode_raw_reward", "reward")]
+
+
+def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None) -> KafkaSettings:
+    return KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
+                                              "topic_prefix": topic_prefix}.items() if v is not None})
+
+
+def stage_groups(kafka: KafkaSettings, stream_group: str | None, shards_group: str | None) -> list[tuple[str, str]]:
+    """(group, topic) of the stream worker and the shard writer; settings fill what flags leave out."""
+    topics = kafka.topics()
+    return [(stream_group or StreamSettings().app_id, topics.turns),
+            (shards_group or ShardSettings().group_id, topics.episodes)]
+
+
+def _short(metrics: dict[str, Any], adapter: str | None) -> dict[str, Any]:
+    """Metric names without ``rollout/`` and the adapter scope, for display."""
+    scope = f"rollout/adapter/{adapter}/"
+    shown = {k.removeprefix("rollout/"): v for k, v in metrics.items() if not k.startswith("rollout/adapter/")}
+    shown.update({k[len(scope):]: v for k, v in metrics.items() if adapter is not None and k.startswith(scope)})
+    return shown
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) >= 1 else f"{value:.3f}"
+    return str(value)
+
+
+def _clock(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+def render(snapshot: dict[str, Any]) -> Group:
+    """The tables a person watches: windows, latest batch, dead letters, lag."""
+    windows = Table(title="latest window per adapter", title_justify="left")
+    for column in ["adapter", "from (UTC)", "episodes", "closed", *(h for _, h in WINDOW_COLUMNS)]:
+        windows.add_column(column, justify="left" if column in ("adapter", "from (UTC)") else "right")
+    for w in snapshot["windows"]:
+        shown = _short(w["metrics"], w["adapter"])
+        span = f"{_clock(w['window']['start_ms'])} {(w['window']['end_ms'] - w['window']['start_ms']) // 1000}s"
+        windows.add_row(str(w["adapter"] or "-"), span, str(w["episodes"]), "yes" if w["closed"] else "no",
+                        *[_number(shown.get(m)) for m, _ in WINDOW_COLUMNS])
+    batch = Table(title=f"latest batch ({snapshot['batches']} batches, {snapshot['batch_samples']} samples)",
+                  title_justify="left")
+    for column in ["batch", "samples", *(h for _, h in BATCH_COLUMNS)]:
+        batch.add_column(column, justify="right")
+    if snapshot["batch"] is not None:
+        b = snapshot["batch"]
+        shown = _short(b["metrics"], snapshot["adapter"])
+        batch.add_row(str(b["batch"]), str(b["samples"]), *[_number(shown.get(m)) for m, _ in BATCH_COLUMNS])
+    dlq = snapshot["dlq"]
+    dead = Table(title=f"dead letters ({dlq['counted']} read, {dlq['on_topic']} on the topic)", title_justify="left")
+    for column in ["stage", "kind", "count"]:
+        dead.add_column(column)
+    for row in dlq["by_reason"]:
+        dead.add_row(row["stage"], row["kind"], str(row["count"]))
+    lag = Table(title="consumer lag", title_justify="left")
+    for column in ["group", "topic", "partition", "committed", "end", "lag"]:
+        lag.add_column(column)
+    for row in snapshot["lag"]:
+        lag.add_row(row["group"], row["topic"], str(row["partition"]), _number(row["committed"]), str(row["end"]),
+                    str(row["lag"]))
+    return Group(windows, batch, dead, lag)
+
+
+def tail(
+    bootstrap_servers: str | None = options.BOOTSTRAP,
+    topic_prefix: str | None = options.TOPIC_PREFIX,
+    adapter: str | None = typer.Option(None, "--adapter", help="Show only this adapter's windows, batch "
+                                       "metrics and dead letters."),
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="Read the topics from their first "
+                                        "record (default: the last --history records of each partition)."),
+    history: int = typer.Option(1000, "--history", min=0, help="Records per partition read back at start."),
+    once: bool = typer.Option(False, "--once", help="Read up to the current end, show one snapshot, exit."),
+    json_output: bool = typer.Option(False, "--json", help="Print snapshots as JSON (one line each)."),
+    interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    stream_group: str | None = typer.Option(None, "--stream-group", help="The stream worker's consumer group "
+                                            "(its app id; default: ROLLOUT_BUS_APP_ID or rollout-bus-stream)."),
+    shards_group: str | None = typer.Option(None, "--shards-group", help="The shard writer's consumer group "
+                                            "(default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
+) -> None:
+    """Live metrics from rollout.metrics, dead letters by reason, and consumer lag, refreshing in place."""
+    kafka = kafka_settings(bootstrap_servers, topic_prefix)
+    feed = MetricsFeed(kafka.client_kwargs(), kafka.topics(), stage_groups(kafka, stream_group, shards_group),
+                       adapter=adapter, history=None if from_beginning else history)
+    console = Console()
+    try:
+        feed.catch_up()
+        if once:
+            _show(console, feed.snapshot(), json_output)
+            return
+        if json_output:
+            while True:
+                _show(console, feed.snapshot(), True)
+                _refresh_for(feed, interval)
+        with Live(render(feed.snapshot()), console=console, auto_refresh=False) as live:
+            while True:
+                _refresh_for(feed, interval)
+                live.update(render(feed.snapshot()), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        feed.close()
+
+
+def _show(console: Console, snapshot: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(snapshot, sort_keys=True), flush=True)
+    else:
+        console.print(render(snapshot))
+
+
+def _refresh_for(feed: MetricsFeed, seconds: float) -> None:
+    """Read new records for ``seconds`` (polling returns as soon as records arrive)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        feed.refresh(timeout_ms=max(int(left * 1000), 1))
+
+
+if __name__ == "__main__":  # python -m rollout_bus.cli.tail
+    typer.run(tail)

@@ -1,0 +1,196 @@
+"""The operator's view of a run: a pure fold of rollout.metrics and rollout.dlq records into a snapshot.
+
+Contract:
+
+* ``MetricsView.add_metrics(value)`` takes rollout.metrics values in topic order. Window records
+  (``records.window_metrics_record``) arrive as per ``(window, adapter, source partition)`` partials,
+  each holding that partial's full statistics, so the last one of each partial replaces the earlier
+  ones. A window's view merges its partials' ``EpisodeStats`` (``EpisodeStats.merge``) into one
+  per ``(window, adapter)``; partials without ``stats`` are taken as given (their metrics, from
+  the latest such partial). Batch records are kept by batch sequence (a re-announced batch counts
+  once); the latest batch is the highest sequence.
+* ``MetricsView.add_dead_letter(letter)`` counts dead letters by ``(stage, kind)``.
+* ``adapter`` filters the view: only that adapter's windows and episodes, the batch metrics scoped
+  to it (``rollout/adapter/{name}/...``), and the dead letters whose record key is a rollout key of
+  that adapter.
+* ``snapshot(...)`` is plain JSON-ready data: what ``rollout-bus tail --once --json`` prints and what
+  the exporter turns into Prometheus series. Unreadable records are counted (``skipped``), never fatal.
+* ``metric_series(name, adapter)`` is the Prometheus naming rule: ``rollout/adapter/math/x/mean``
+  becomes ``("rollout_x_mean", "math")``; an unscoped key keeps the record's adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.errors import ContractError
+from rollout_bus.records import METRIC_PREFIX, prefixed
+
+logger = logging.getLogger(__name__)
+
+Window = tuple[int, int]
+WindowId = tuple[int, int, str | None]  # start_ms, end_ms, adapter
+_ADAPTER_SCOPE = "adapter/"
+_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+
+
+def metric_series(name: str, adapter: str | None = None) -> tuple[str, str | None]:
+    """Prometheus metric name and adapter label of a published metric name."""
+    path = name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else name
+    if path.startswith(_ADAPTER_SCOPE) and path.count("/") >= 2:
+        scoped, path = path[len(_ADAPTER_SCOPE):].split("/", 1)
+        adapter = scoped
+    return "rollout_" + _INVALID.sub("_", path.replace("/", "_")), adapter
+
+
+def key_adapter(key: bytes | None) -> str | None:
+    """The adapter named by a rollout key string (``records``' keys), or None when it names none."""
+    try:
+        parsed = json.loads(key) if key else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed[0] if isinstance(parsed, list) and parsed and isinstance(parsed[0], str) else None
+
+
+@dataclass
+class _Partial:
+    """The latest record of one (window, adapter, partition)."""
+
+    episodes: int
+    closed: bool
+    metrics: dict[str, Any]
+    stats: str | None
+    seen: int  # the record number it arrived as
+
+
+@dataclass
+class _Window:
+    partials: dict[int | None, _Partial] = field(default_factory=dict)
+
+
+class MetricsView:
+    """Folds metrics and dead-letter records into the latest windows, batches and DLQ counts."""
+
+    def __init__(self, adapter: str | None = None, *, keep_windows: int = 4) -> None:
+        self.adapter = adapter
+        self.keep_windows = keep_windows
+        self._windows: dict[WindowId, _Window] = {}
+        self._episodes: dict[tuple[WindowId, int | None], int] = {}  # kept after a window is pruned
+        self._batches: dict[int, dict[str, Any]] = {}
+        self._dlq: Counter[tuple[str, str]] = Counter()
+        self._seen = 0
+        self.skipped = 0
+
+    def add_metrics(self, value: bytes | str | None) -> None:
+        """One rollout.metrics record value; unreadable ones are counted in ``skipped``."""
+        self._seen += 1
+        try:
+            doc = json.loads(value) if value is not None else None
+            if not isinstance(doc, dict):
+                raise ContractError(f"a metrics record must be a JSON object (got {type(doc).__name__})")
+            if doc.get("kind") == "window":
+                self._add_window(doc)
+            elif doc.get("kind") == "batch":
+                self._add_batch(doc)
+            else:
+                raise ContractError(f"unknown metrics record kind {doc.get('kind')!r}")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            self.skipped += 1
+            logger.debug("skipped metrics record: %s", exc)
+
+    def _add_window(self, doc: dict[str, Any]) -> None:
+        adapter = doc["adapter"]
+        if self.adapter is not None and adapter != self.adapter:
+            return
+        wid = (int(doc["window"]["start_ms"]), int(doc["window"]["end_ms"]), adapter)
+        partition = int(doc["partition"]) if doc.get("partition") is not None else None
+        partial = _Partial(int(doc["episodes"]), bool(doc["closed"]), dict(doc["metrics"]), doc.get("stats"),
+                           self._seen)
+        self._windows.setdefault(wid, _Window()).partials[partition] = partial
+        self._episodes[(wid, partition)] = partial.episodes
+        self._prune(adapter)
+
+    def _prune(self, adapter: str | None) -> None:
+        """Keep the partials of the newest ``keep_windows`` windows of an adapter (counts stay)."""
+        mine = sorted(wid for wid in self._windows if wid[2] == adapter)
+        for wid in mine[:-self.keep_windows]:
+            del self._windows[wid]
+
+    def _add_batch(self, doc: dict[str, Any]) -> None:
+        seq = int(doc["batch"])
+        metrics = dict(doc["metrics"])
+        if self.adapter is not None:
+            scope = f"{METRIC_PREFIX}{_ADAPTER_SCOPE}{self.adapter}/"
+            metrics = {k: v for k, v in metrics.items() if k.startswith(scope)}
+        self._batches[seq] = {"batch": seq, "samples": int(doc["samples"]), "manifest": doc.get("manifest"),
+                              "metrics": metrics}
+
+    def add_dead_letter(self, letter: DeadLetter) -> None:
+        if self.adapter is not None and key_adapter(letter.key) != self.adapter:
+            return
+        self._dlq[(letter.stage, letter.kind)] += 1
+
+    def latest_windows(self) -> list[dict[str, Any]]:
+        """The newest window of each adapter, its partials merged."""
+        newest: dict[str | None, WindowId] = {}
+        for wid in self._windows:
+            if wid[2] not in newest or wid[:2] > newest[wid[2]][:2]:
+                newest[wid[2]] = wid
+        order = sorted(newest.values(), key=lambda wid: (wid[2] is not None, wid[2] or ""))
+        return [self._window_view(wid) for wid in order]
+
+    def _window_view(self, wid: WindowId) -> dict[str, Any]:
+        partials = self._windows[wid].partials
+        with_stats = [p.stats for _, p in sorted(partials.items(), key=_partition_order) if p.stats is not None]
+        merged = None
+        for text in with_stats:
+            try:
+                stats = EpisodeStats.from_json(text)
+            except ContractError as exc:
+                logger.debug("unreadable window stats: %s", exc)
+                continue
+            merged = stats if merged is None else merged.merge(stats)
+        if merged is not None:
+            metrics, episodes = prefixed(merged.metrics()), merged.episodes
+        else:
+            latest = max(partials.values(), key=lambda p: p.seen)
+            metrics, episodes = latest.metrics, sum(p.episodes for p in partials.values())
+        return {"window": {"start_ms": wid[0], "end_ms": wid[1]}, "adapter": wid[2], "episodes": episodes,
+                "closed": all(p.closed for p in partials.values()),
+                "partitions": sorted((p for p in partials if p is not None)), "metrics": metrics}
+
+    def episodes_by_adapter(self) -> list[dict[str, Any]]:
+        totals: Counter[str | None] = Counter()
+        for (wid, _partition), episodes in self._episodes.items():
+            totals[wid[2]] += episodes
+        return [{"adapter": a, "episodes": n} for a, n in sorted(totals.items(), key=lambda i: (i[0] is not None,
+                                                                                               i[0] or ""))]
+
+    def snapshot(self, *, lag: list[dict[str, Any]] | None = None, dlq_records: int | None = None,
+                 topics: dict[str, str] | None = None) -> dict[str, Any]:
+        """Everything an operator looks at, as JSON-ready data."""
+        latest = self._batches[max(self._batches)] if self._batches else None
+        dlq = [{"stage": stage, "kind": kind, "count": count} for (stage, kind), count in sorted(self._dlq.items())]
+        return {
+            "adapter": self.adapter,
+            "topics": dict(topics or {}),
+            "windows": self.latest_windows(),
+            "episodes": self.episodes_by_adapter(),
+            "batch": latest,
+            "batches": len(self._batches),
+            "batch_samples": sum(b["samples"] for b in self._batches.values()),
+            "dlq": {"counted": sum(self._dlq.values()), "on_topic": dlq_records, "by_reason": dlq},  # on_topic: unfiltered
+            "lag": list(lag or []),
+            "skipped": self.skipped,
+        }
+
+
+def _partition_order(item: tuple[int | None, _Partial]) -> tuple[bool, int]:
+    return item[0] is not None, item[0] or 0
