@@ -10,7 +10,7 @@ import logging
 
 import typer
 
-from rollout_bus.cli import demo, exporter, generate, kafka, shards, stream, tail, topics
+from rollout_bus.cli import demo, exporter, generate, kafka, report, shards, stream, tail, topics
 
 app = typer.Typer(
     name="rollout-bus",
@@ -27,6 +27,7 @@ app.command("stream")(stream.stream)
 app.command("shards")(shards.shards)
 app.command("tail")(tail.tail)
 app.command("exporter")(exporter.exporter)
+app.command("report")(report.report)
 
 
 @app.callback()
