@@ -31,7 +31,9 @@ from typing import Any
 from consumers.batcher import Batch, GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.sample import AdapterRef
-from rollout_bus.train_data import MANIFEST_NAME, verify_batch
+from rollout_bus.metrics import compute_metrics_from_samples
+from rollout_bus.train_data import (MANIFEST_NAME, convert_samples_to_train_data, split_train_data_by_dp,
+                                    verify_batch, write_batch_shards)
 
 logger = logging.getLogger(__name__)
 
@@ -142,3 +144,19 @@ def announced_ids(values: Iterable[bytes | None]) -> set[tuple[str, str]]:
         if isinstance(doc, dict) and isinstance(doc.get("dir"), str) and isinstance(doc.get("manifest_sha256"), str):
             ids.add((doc["dir"], doc["manifest_sha256"]))
     return ids
+
+
+def convert_batch(batch: Batch, *, dp_size: int, normalization: str) -> tuple[list, list[dict[str, Any]]]:
+    """A batch's samples and its trainer data split across ranks; ContractError when the batch is refused
+    (the whole-batch mask check, mismatched sibling rewards), before anything is written."""
+    samples = batch.samples()
+    data = convert_samples_to_train_data(samples, normalization=normalization)
+    return samples, split_train_data_by_dp(data, dp_size)
+
+
+def write_batch(out_dir: Path, batch: Batch, samples: list, ranks: list[dict[str, Any]], *, topic: str,
+                batching: str, normalization: str) -> dict[str, Any]:
+    """Write a converted batch's shards and manifest (atomic, sha256); the one write step of writer and replay."""
+    return write_batch_shards(out_dir, batch.seq, ranks, metrics=compute_metrics_from_samples(samples),
+                              sources=batch_sources(batch, topic),
+                              extra=manifest_extra(batch, batching=batching, normalization=normalization))

@@ -43,15 +43,13 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from consumers.batcher import Batch, Batcher, Outcome, parse_episode
-from consumers.out_dir import (WrittenBatch, announced_ids, announcement, batch_sources, manifest_extra,
-                               scan_out_dir)
+from consumers.out_dir import (WrittenBatch, announced_ids, announcement, convert_batch, scan_out_dir,
+                               write_batch)
 from rollout_bus.dead_letter import DeadLetter, source_of
 from rollout_bus.errors import BrokerError, ContractError, MaskCheckError
-from rollout_bus.metrics import compute_metrics_from_samples
 from rollout_bus.records import batch_metrics_record
 from rollout_bus.topics import Topics
-from rollout_bus.train_data import (MANIFEST_NAME, batch_path, convert_samples_to_train_data, split_train_data_by_dp,
-                                    write_batch_shards)
+from rollout_bus.train_data import MANIFEST_NAME, batch_path
 
 logger = logging.getLogger(__name__)
 
@@ -260,18 +258,14 @@ class ShardWriter:
 
     def _write(self, batch: Batch) -> None:
         """Check, convert, split and write one batch, then announce it; failures go to the DLQ."""
-        samples = batch.samples()
         try:
-            data = convert_samples_to_train_data(samples, normalization=self.options.normalization)
-            ranks = split_train_data_by_dp(data, self.options.dp_size)
+            samples, ranks = convert_batch(batch, dp_size=self.options.dp_size,
+                                           normalization=self.options.normalization)
         except ContractError as exc:
             self._dead_letter_batch(batch, exc)
             return
-        manifest = write_batch_shards(
-            self.options.out_dir, batch.seq, ranks, metrics=compute_metrics_from_samples(samples),
-            sources=batch_sources(batch, self.topics.episodes),
-            extra=manifest_extra(batch, batching=self.options.batching, normalization=self.options.normalization),
-        )
+        manifest = write_batch(self.options.out_dir, batch, samples, ranks, topic=self.topics.episodes,
+                               batching=self.options.batching, normalization=self.options.normalization)
         directory = batch_path(self.options.out_dir, batch.seq)
         self._announce(batch.seq, manifest, directory)
         self._batcher.done(batch)

@@ -10,7 +10,7 @@ import logging
 
 import typer
 
-from rollout_bus.cli import demo, exporter, generate, kafka, report, shards, stream, tail, topics
+from rollout_bus.cli import demo, exporter, generate, inspect, kafka, replay, report, shards, stream, tail, topics
 
 app = typer.Typer(
     name="rollout-bus",
@@ -28,6 +28,8 @@ app.command("shards")(shards.shards)
 app.command("tail")(tail.tail)
 app.command("exporter")(exporter.exporter)
 app.command("report")(report.report)
+app.command("replay")(replay.replay)
+app.command("inspect")(inspect.inspect)
 
 
 @app.callback()
