@@ -11,18 +11,20 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from producers.generator import GenerateSummary, publish_generated
-from producers.publisher import TurnPublisher
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.kafka.admin import ensure_topics
+
+if TYPE_CHECKING:
+    from producers.generator import GenerateSummary
 
 console = Console(stderr=True)
 
@@ -42,6 +44,9 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
+    from producers.generator import publish_generated  # torch: imported only when generating, so the
+    from producers.publisher import TurnPublisher       # rest of the CLI starts fast
+
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()
     ensure_topics(kwargs, topics)
