@@ -111,9 +111,15 @@ def prefixed(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def window_metrics_record(window_start_ms: int, window_end_ms: int, adapter: str | None,
-                          metrics: dict[str, Any], *, episodes: int, closed: bool) -> bytes:
+                          metrics: dict[str, Any], *, episodes: int, closed: bool, partition: int | None = None,
+                          offset: int | None = None, stats: str | None = None) -> bytes:
+    """A window's metrics; the stream stage adds the source ``partition`` it covers, the highest
+    final-turn ``offset`` absorbed, and the ``EpisodeStats`` JSON (``stats``) so readers can merge
+    the per-partition partials of one window exactly."""
     doc = {"kind": "window", "window": {"start_ms": window_start_ms, "end_ms": window_end_ms},
            "adapter": adapter, "episodes": episodes, "closed": closed, "metrics": prefixed(metrics)}
+    extra = {"partition": partition, "offset": offset, "stats": stats}
+    doc.update({k: v for k, v in extra.items() if v is not None})
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -1,0 +1,57 @@
+"""``rollout-bus stream``: the Faust stream worker (merges turns into episodes, windowed metrics).
+
+Thin: parse flags, build ``KafkaSettings`` and ``StreamSettings`` (flags, then ``ROLLOUT_BUS_*``,
+then defaults), call ``streams.worker.run_worker``, exit with its status.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from rollout_bus.cli import options
+from rollout_bus.config import KafkaSettings, StreamSettings
+
+
+def _given(**values: object) -> dict[str, object]:
+    """Only the flags the user set, so environment variables and defaults fill the rest."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def stream(
+    bootstrap_servers: str | None = options.BOOTSTRAP,
+    topic_prefix: str | None = options.TOPIC_PREFIX,
+    port: int = options.PORT,
+    app_id: str | None = typer.Option(None, "--app-id", help="Faust app id: the consumer group and the prefix "
+                                      "of the state changelog topic. Workers with one id share the work."),
+    window_seconds: float | None = typer.Option(None, "--window-seconds", help="Tumbling metrics window size."),
+    grace_seconds: float | None = typer.Option(None, "--grace-seconds",
+                                               help="Event-time grace before a window closes."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Faust's working directory (state is in memory "
+                                        "and in the changelog; this holds only Faust's own files)."),
+    stats_interval: float | None = typer.Option(None, "--stats-interval", help="Seconds between count logs."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+) -> None:
+    """Run a stream worker until interrupted: rollout.turns in; rollout.episodes, rollout.metrics, rollout.dlq out."""
+    from streams.worker import run_worker  # the stage is imported only when the command runs
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kafka", "aiokafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+    kafka = KafkaSettings(**_given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
+                                   local_port=port))
+    settings = StreamSettings(**_given(app_id=app_id, window_seconds=window_seconds,
+                                       window_grace_seconds=grace_seconds, data_dir=data_dir,
+                                       stats_interval_seconds=stats_interval))
+    status = run_worker(app_id=settings.app_id, client_kwargs=kafka.client_kwargs(), topics=kafka.topics(),
+                        window_seconds=settings.window_seconds, grace_seconds=settings.window_grace_seconds,
+                        data_dir=settings.data_dir or None, stats_interval_s=settings.stats_interval_seconds,
+                        commit_interval_s=settings.commit_interval_seconds,
+                        replication_factor=settings.replication_factor)
+    raise typer.Exit(status)
+
+
+if __name__ == "__main__":  # python -m rollout_bus.cli.stream
+    typer.run(stream)

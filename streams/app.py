@@ -1,0 +1,175 @@
+"""The Faust app factory of the stream stage: plain values in, an app with one agent out.
+
+Contract: ``build_app(...)`` returns a ``StreamApp`` (the ``faust.App`` and its ``TurnProcessor``).
+The app consumes rollout.turns with one agent and keeps all state in one memory-backed table
+(``state``) whose compacted changelog, ``{app_id}-state-changelog``, is the only durable state.
+State writes go to that changelog through ``streams.state.ChangelogState`` (straight to the
+aiokafka producer, not Faust's table buffer), so the source offsets are committed only after
+every changelog write and every record sent before them is flushed (at-least-once). Settings chosen around known
+Faust troubles:
+
+* ``store="memory://"`` (no RocksDB recovery to hang on), no standby replicas, no leader topic;
+* ``at_least_once`` with idempotent outputs (the next stage drops a re-emitted episode by its key
+  and attempt) rather than ``exactly_once``;
+* session 10 s (a killed worker's partitions move on quickly), heartbeat 3 s, poll interval
+  300 s, rebalance 60 s: no rebalance loops while an episode is merged;
+* the web server is off (a worker run through ``streams.worker`` never binds a port);
+* any error that is not a bad record calls ``on_fatal`` (default: log and exit the process with
+  ``EXIT_AGENT_CRASH``), so a broken agent never idles silently; replay makes the exit safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from rollout_bus.errors import BrokerError
+from rollout_bus.topics import Topics
+from streams.processor import TurnProcessor, TurnRecord, to_record
+from streams.state import ChangelogState
+
+logger = logging.getLogger(__name__)
+
+EXIT_AGENT_CRASH = 70
+TABLE_NAME = "state"
+_RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+@dataclass(frozen=True)
+class StreamApp:
+    app: faust.App
+    processor: TurnProcessor
+
+
+def exit_on_fatal(exc: BaseException, summary: str) -> None:
+    """Log the error and the outcome counts, then end the process with a non-zero status."""
+    logger.critical("stream agent crashed, exiting with %d: %r; counts %s", EXIT_AGENT_CRASH, exc, summary,
+                    exc_info=exc)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_AGENT_CRASH)
+
+
+def broker_credentials(client_kwargs: dict[str, Any]) -> Any:
+    """kafka-python style SASL/SSL keyword arguments as Faust credentials (None for PLAINTEXT)."""
+    protocol = str(client_kwargs.get("security_protocol", "PLAINTEXT")).upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if "SSL" in protocol:
+        context = ssl.create_default_context(cafile=client_kwargs.get("ssl_cafile"))
+        if client_kwargs.get("ssl_certfile"):
+            context.load_cert_chain(client_kwargs["ssl_certfile"], client_kwargs.get("ssl_keyfile"))
+    if protocol.startswith("SASL"):
+        return faust.SASLCredentials(username=client_kwargs.get("sasl_plain_username"),
+                                     password=client_kwargs.get("sasl_plain_password"),
+                                     mechanism=client_kwargs.get("sasl_mechanism") or "PLAIN", ssl_context=context)
+    return faust.SSLCredentials(context)
+
+
+async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int, start: int, end: int,
+                      timeout_s: float = 60.0) -> list[TurnRecord]:
+    """Records ``[start, end)`` of one partition, read with a group-less aiokafka consumer."""
+    credentials = broker_credentials(client_kwargs)
+    security = {}
+    if credentials is not None:
+        security = {"security_protocol": client_kwargs.get("security_protocol"),
+                    "ssl_context": getattr(credentials, "ssl_context", None) or getattr(credentials, "context", None),
+                    "sasl_mechanism": client_kwargs.get("sasl_mechanism") or "PLAIN",
+                    "sasl_plain_username": client_kwargs.get("sasl_plain_username"),
+                    "sasl_plain_password": client_kwargs.get("sasl_plain_password")}
+    consumer = AIOKafkaConsumer(bootstrap_servers=client_kwargs["bootstrap_servers"], enable_auto_commit=False,
+                                group_id=None, max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20,
+                                **{k: v for k, v in security.items() if v is not None})
+    tp = TopicPartition(topic, partition)
+    records: list[TurnRecord] = []
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while await consumer.position(tp) < end:
+            if asyncio.get_running_loop().time() > deadline:
+                raise BrokerError(f"reading {topic}:{partition} offsets {start}..{end - 1} timed out")
+            for batch in (await consumer.getmany(tp, timeout_ms=500)).values():
+                records += [_as_record(m) for m in batch if m.offset < end]
+    finally:
+        await consumer.stop()
+    return records
+
+
+def _as_record(message: Any) -> TurnRecord:
+    headers = [(k, bytes(v) if v is not None else b"") for k, v in (message.headers or [])]
+    return TurnRecord(message.key, message.value, headers, message.topic, message.partition, message.offset,
+                      int(message.timestamp))
+
+
+def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, turns_partitions: int,
+              window_seconds: float = 60.0, grace_seconds: float = 10.0, data_dir: str | None = None,
+              stats_interval_s: float = 30.0, commit_interval_s: float = 1.0, replication_factor: int = 1,
+              on_fatal: Callable[[BaseException, str], None] = exit_on_fatal) -> StreamApp:
+    """The stream worker's app; ``turns_partitions`` must be rollout.turns' partition count."""
+    servers = [s.strip() for s in str(client_kwargs["bootstrap_servers"]).split(",") if s.strip()]
+    app = faust.App(
+        app_id, broker=[f"kafka://{s}" for s in servers], broker_credentials=broker_credentials(client_kwargs),
+        store="memory://", datadir=data_dir or None, processing_guarantee="at_least_once",
+        topic_partitions=turns_partitions, topic_replication_factor=replication_factor,
+        topic_disable_leader=True, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
+        broker_commit_interval=commit_interval_s, broker_session_timeout=10.0, broker_heartbeat_interval=3.0,
+        broker_max_poll_interval=300.0, broker_rebalance_timeout=60.0, broker_request_timeout=90.0,
+        producer_acks=-1, producer_max_request_size=64 << 20, producer_max_batch_size=1 << 20,
+        consumer_max_fetch_size=64 << 20,
+        stream_wait_empty=False, web_enabled=False, web_bind="127.0.0.1", web_port=6066,
+        worker_redirect_stdouts=False,
+    )
+    source = app.topic(topics.turns, schema=faust.Schema(**_RAW))
+    # bytes key/value types make Faust use the raw codec on both the write and the recovery path
+    table = app.Table(TABLE_NAME, partitions=turns_partitions, key_type=bytes, value_type=bytes,
+                      help="episode indexes, stored turns, window entries (streams.processor)")
+
+    async def send(topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], *,
+                   wait: bool) -> None:
+        if wait:
+            await app.producer.send_and_wait(topic, key, value, None, None, headers)
+        else:
+            await app.producer.send(topic, key, value, None, None, headers)
+
+    changelog = table.changelog_topic.get_topic_name()
+
+    async def publish_changelog(partition: int, key: bytes, value: bytes | None) -> None:
+        await app.producer.send(changelog, key, value, partition, None, None)
+
+    async def fetch(topic: str, partition: int, start: int, end: int) -> list[TurnRecord]:
+        return await fetch_range(client_kwargs, topic, partition, start, end)
+
+    state = ChangelogState(table.data, publish_changelog)
+    processor = TurnProcessor(state, send, topics, window_ms=max(1, int(round(window_seconds * 1000))),
+                              grace_ms=int(round(grace_seconds * 1000)), fetch=fetch)
+
+    @app.agent(source, name="merge_turns")
+    async def merge_turns(stream: Any) -> None:
+        async for event in stream.events():
+            try:
+                await processor.handle(to_record(event.message))
+            except Exception as exc:  # not a bad record (those go to the DLQ): the worker must not idle
+                on_fatal(exc, processor.outcomes.summary())
+                raise
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        processor.forget_partitions()
+
+    @app.timer(interval=stats_interval_s)
+    async def _log_counts() -> None:
+        logger.info("stream counts %s", processor.outcomes.summary())
+
+    return StreamApp(app, processor)

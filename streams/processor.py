@@ -1,0 +1,329 @@
+"""The stream stage's per-record work: one rollout.turns record in, its effects out.
+
+Contract:
+
+* All state lives in one table (a ``ChangelogState``: bytes keys, bytes values), so its changelog
+  partition is one ordered log of every state change of the matching source partition; after a
+  crash the recovered state is a prefix of the writes. The writes of a record are handed to the
+  producer before the record is acknowledged, so the offset commit flushes them. Keys (``episode_state`` / ``windows``):
+  ``e|key`` episode index, ``t|attempt|turn|key`` one turn (16-byte prefix: source offset and
+  sent_at, then the raw payload, stored once), ``w|partition|start|adapter`` a window entry,
+  ``c|partition`` the partition's closed-until time, ``o|partition`` the next source offset to
+  process (written last for every record, so the recovered state says which records it holds:
+  replays below it are skipped, and records Faust acknowledged without delivering them to the
+  agent, as it does around rebalances and restarts, are read again through ``fetch``).
+* A final turn's effects run in this order: send the episode and await its delivery; update the
+  window entry; write the finished marker and delete the stored turns. A crash between them
+  re-emits the episode on replay (same key and attempt) and never loses one; the window entry's
+  recorded offset keeps a replayed final from being counted twice.
+* Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
+  rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
+  headers, validation, merge) are caught; anything else propagates to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rollout_bus.codec import decode_samples
+from rollout_bus.dead_letter import DeadLetter, source_of
+from rollout_bus.episode_stats import adapter_scope, get_rollout_key
+from rollout_bus.errors import CodecError, ContractError
+from rollout_bus.records import TURN_FIELDS, EpisodeInfo, TurnHeaders, encode_episode
+from rollout_bus.sample import Sample
+from rollout_bus.topics import Topics, rollout_key_string
+from rollout_bus.turns import merge_samples
+from streams.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
+                                   share_final_reward, turn_key)
+from streams.state import ChangelogState
+from streams.windows import (PartitionWindows, WindowEntry, closed_key, window_bounds, window_key, window_record,
+                             window_record_key)
+
+logger = logging.getLogger(__name__)
+
+STAGE = "stream"
+_PREFIX = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
+
+
+class Sender(Protocol):
+    """Publishes one record; ``wait`` awaits the broker's acknowledgement."""
+
+    async def __call__(self, topic: str, key: bytes | None, value: bytes | None,
+                       headers: list[tuple[str, bytes]], *, wait: bool) -> None: ...
+
+
+class Fetch(Protocol):
+    """Reads the records of ``topic``/``partition`` with offsets in ``[start, end)``."""
+
+    async def __call__(self, topic: str, partition: int, start: int, end: int) -> list["TurnRecord"]: ...
+
+
+async def _no_fetch(topic: str, partition: int, start: int, end: int) -> list["TurnRecord"]:
+    raise ContractError(f"records {start}..{end - 1} of {topic}:{partition} were skipped and cannot be read")
+
+
+def position_key(partition: int) -> bytes:
+    """State-table key of the next source offset to process on ``partition``."""
+    return b"o|%d" % partition
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """The parts of a rollout.turns record the stage uses."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+    @property
+    def source(self) -> str:
+        return source_of(self.topic, self.partition, self.offset)
+
+
+class Outcomes(Counter):
+    """Counts of every outcome; ``dlq.<kind>`` per dead-letter kind."""
+
+    def summary(self) -> str:
+        return " ".join(f"{name}={count}" for name, count in sorted(self.items())) or "turns_received=0"
+
+
+class _Rejected(Exception):
+    """A record the stage refuses: its DLQ kind and reason."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
+def _parse(record: TurnRecord) -> tuple[TurnHeaders, Sample]:
+    """Headers and the one turn sample of a record; ``_Rejected`` says what is wrong."""
+    if not record.key:
+        raise _Rejected("key", "record has no key (expected the rollout key)")
+    try:
+        headers = TurnHeaders.from_kafka(record.headers)
+    except ContractError as exc:
+        raise _Rejected("headers", str(exc)) from exc
+    try:
+        samples, _ = decode_samples(record.value if record.value is not None else b"", TURN_FIELDS)
+    except CodecError as exc:
+        raise _Rejected("decode", str(exc)) from exc
+    if len(samples) != 1:
+        raise _Rejected("validation", f"a turn record must hold exactly 1 sample (got {len(samples)})")
+    sample = samples[0]
+    try:
+        sample.validate()
+    except ValueError as exc:
+        raise _Rejected("validation", str(exc)) from exc
+    expected = rollout_key_string(get_rollout_key(sample, 0)).encode()
+    if expected != record.key:
+        raise _Rejected("key", f"record key {record.key[:200]!r} is not the sample's rollout key {expected!r}")
+    return headers, sample
+
+
+class TurnProcessor:
+    """Applies turns to the state table and publishes episodes, window metrics and dead letters."""
+
+    def __init__(self, table: ChangelogState, send: Sender, topics: Topics, *, window_ms: int, grace_ms: int,
+                 fetch: Fetch | None = None) -> None:
+        self.table, self.send, self.topics = table, send, topics
+        self.fetch = fetch or _no_fetch
+        self.window_ms, self.grace_ms = window_ms, grace_ms
+        self.outcomes = Outcomes()
+        self._partitions: dict[int, PartitionWindows] = {}
+        self._entries: dict[bytes, WindowEntry] = {}  # decoded window entries, mirroring the table
+
+    def forget_partitions(self) -> None:
+        """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
+        self._partitions.clear()
+        self._entries.clear()
+
+    async def handle(self, record: TurnRecord) -> None:
+        """Process one record (and any its partition skipped) to exactly one counted outcome each."""
+        self.table.bind(record.partition)
+        raw = self.table.get(position_key(record.partition))
+        expected = int(raw) if raw is not None else None
+        if expected is not None and record.offset < expected:
+            self.outcomes["replays_skipped"] += 1  # already processed: the state says so
+            return
+        if expected is not None and record.offset > expected:
+            await self._catch_up(record, expected)
+        await self._process(record)
+
+    async def _catch_up(self, record: TurnRecord, expected: int) -> None:
+        """Read and process the records Faust acknowledged without delivering them to the agent.
+
+        Faust acks the messages it skips around a rebalance or a restart; the state's position
+        notices, and every record is then processed at least once all the same.
+        """
+        logger.warning("partition=%d jumped to offset=%d, state expects offset=%d: reading the %d records "
+                       "in between", record.partition, record.offset, expected, record.offset - expected)
+        missing = await self.fetch(record.topic, record.partition, expected, record.offset)
+        self.outcomes["catch_ups"] += 1
+        self.outcomes["records_caught_up"] += len(missing)
+        for skipped in missing:
+            await self._process(skipped)
+        self.table.bind(record.partition)
+
+    async def _process(self, record: TurnRecord) -> None:
+        """The record's outcome, the windows it made due, then its position; then flush the state."""
+        self.outcomes["turns_received"] += 1
+        windows = self._windows_of(record.partition)
+        windows.observe(record.timestamp_ms)
+        try:
+            headers, sample = _parse(record)
+            raw_index = self.table.get(index_key(record.key))
+            index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
+            decision = decide(index, headers)
+            await self._apply(decision, record, headers, sample)
+        except _Rejected as rejected:
+            await self._dead_letter(record, rejected.kind, rejected.reason)
+        await self._close_due(record.partition, windows)
+        self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
+        await self.table.flush()
+
+    async def _apply(self, decision: Decision, record: TurnRecord, headers: TurnHeaders, sample: Sample) -> None:
+        if decision.action in (Action.DUPLICATE, Action.SUPERSEDED):
+            self.outcomes["duplicates_ignored" if decision.action is Action.DUPLICATE else "superseded_turns"] += 1
+            logger.debug("ignored %s key=%r offset=%d: %s", decision.action.value, record.key, record.offset,
+                         decision.reason)
+            return
+        if decision.action is Action.DLQ:
+            raise _Rejected(decision.kind, decision.reason)
+        if decision.discard_attempt is not None:
+            for turn in range(decision.discard_turns):
+                self._delete(turn_key(record.key, decision.discard_attempt, turn))
+            self.outcomes["superseded_attempts"] += 1
+            self.outcomes["superseded_turns_discarded"] += decision.discard_turns
+        if decision.action is Action.STORE:
+            stored = _PREFIX.pack(record.offset, headers.sent_at_ms) + (record.value or b"")
+            self.table[turn_key(record.key, headers.attempt, headers.turn)] = stored
+            self.table[index_key(record.key)] = decision.index.to_bytes()
+            self.outcomes["turns_stored"] += 1
+            return
+        await self._emit(decision.index, record, headers, sample)
+
+    def _delete(self, key: bytes) -> None:
+        """Delete through ``__delitem__``, the path that writes the changelog tombstone."""
+        if key in self.table:
+            del self.table[key]
+
+    def _stored_turns(self, key: bytes, attempt: int, count: int) -> list[tuple[int, int, bytes]]:
+        """(offset, sent_at_ms, payload) of the stored turns 0..count-1 of an attempt."""
+        found = []
+        for turn in range(count):
+            raw = self.table.get(turn_key(key, attempt, turn))
+            if raw is None:
+                raise ContractError(f"stored turn {turn} of attempt {attempt} is missing from the state table")
+            offset, sent_at = _PREFIX.unpack_from(raw)
+            found.append((offset, sent_at, raw[_PREFIX.size:]))
+        return found
+
+    async def _emit(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders, final: Sample) -> None:
+        """Merge, publish, count in its window, then forget the turns (in that order)."""
+        try:
+            stored = self._stored_turns(record.key, headers.attempt, headers.turn)
+        except ContractError as exc:
+            raise _Rejected("state", str(exc)) from exc
+        try:
+            turns = [decode_samples(payload, TURN_FIELDS)[0][0] for _, _, payload in stored] + [final]
+            segments = share_final_reward(merge_samples(turns), final)
+        except ValueError as exc:
+            await self._reject_episode(index, record, headers, stored, f"episode cannot be merged: {exc}")
+            return
+        info = EpisodeInfo(attempt=headers.attempt, turns=headers.turn + 1, group_size=headers.group_size,
+                           final_sent_at_ms=headers.sent_at_ms, event_time_ms=record.timestamp_ms)
+        await self.send(self.topics.episodes, record.key, encode_episode(segments, info), info.headers(), wait=True)
+        self.outcomes["episodes_emitted"] += 1
+        self.outcomes["turns_merged"] += len(turns)
+        if len(segments) > 1:
+            self.outcomes["episodes_with_siblings"] += 1
+        await self._count_in_window(record, segments)
+        self._finish(index, record.key, headers)
+
+    def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders) -> None:
+        self.table[index_key(key)] = finished_index(index).to_bytes()
+        for turn in range(headers.turn):
+            self._delete(turn_key(key, headers.attempt, turn))
+
+    async def _reject_episode(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders,
+                              stored: list[tuple[int, int, bytes]], reason: str) -> None:
+        """Every turn of an unmergeable episode goes to the DLQ; the episode is marked finished."""
+        for turn, (offset, sent_at, payload) in enumerate(stored):
+            original = TurnHeaders(turn, headers.attempt, False, headers.group_size, sent_at).to_kafka()
+            await self._dead_letter(TurnRecord(record.key, payload, original, record.topic, record.partition,
+                                               offset, record.timestamp_ms), "merge", reason)
+        await self._dead_letter(record, "merge", reason)
+        self._finish(index, record.key, headers)
+
+    async def _count_in_window(self, record: TurnRecord, segments: list[Sample]) -> None:
+        window = window_bounds(record.timestamp_ms, self.window_ms)
+        windows = self._windows_of(record.partition)
+        if windows.is_late(window):
+            self.outcomes["window_late"] += 1
+            logger.warning("final turn after its window closed window=%d-%d partition=%d offset=%d",
+                           window[0], window[1], record.partition, record.offset)
+            return
+        adapter = adapter_scope(segments[0])
+        key = window_key(window[0], adapter, record.partition)
+        entry = self._entries.get(key)
+        if entry is None:
+            raw = self.table.get(key)
+            entry = WindowEntry.from_bytes(raw) if raw is not None else WindowEntry(*window, adapter, record.partition)
+        if not entry.absorb(record.offset, segments):
+            self.outcomes["window_replays_skipped"] += 1
+            return
+        self.table[key] = entry.to_bytes()
+        self._entries[key] = entry
+        windows.open[key] = entry.end_ms
+        self.outcomes["window_episodes"] += 1
+        await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=False), [],
+                        wait=False)
+
+    async def _close_due(self, partition: int, windows: PartitionWindows) -> None:
+        """Publish each window the watermark passed as closed (awaited), then delete its state."""
+        for key in windows.due(self.grace_ms):
+            raw = self.table.get(key)
+            entry = self._entries.pop(key, None)
+            if raw is not None:
+                entry = entry or WindowEntry.from_bytes(raw)
+                await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=True),
+                                [], wait=True)
+                del self.table[key]
+                logger.info("window closed window=%d-%d adapter=%s partition=%d episodes=%d", entry.start_ms,
+                            entry.end_ms, entry.adapter, partition, entry.stats.episodes)
+            windows.closed(key)
+            self.table[closed_key(partition)] = b"%d" % windows.closed_until_ms
+            self.outcomes["windows_closed"] += 1
+
+    def _windows_of(self, partition: int) -> PartitionWindows:
+        """This partition's bookkeeping, loaded from the table on first use after (re)assignment."""
+        windows = self._partitions.get(partition)
+        if windows is None:
+            raw = self.table.get(closed_key(partition))
+            windows = PartitionWindows(closed_until_ms=int(raw) if raw is not None else -1)
+            prefix = b"w|%d|" % partition
+            for key in [k for k in self.table.keys() if k.startswith(prefix)]:
+                windows.open[key] = WindowEntry.from_bytes(self.table[key]).end_ms
+            self._partitions[partition] = windows
+        return windows
+
+    async def _dead_letter(self, record: TurnRecord, kind: str, reason: str) -> None:
+        letter = DeadLetter(record.key, record.value, list(record.headers), reason, STAGE, kind, record.source)
+        await self.send(self.topics.dlq, record.key, record.value, letter.record_headers(), wait=True)
+        self.outcomes[f"dlq.{kind}"] += 1
+        logger.warning("dead letter kind=%s source=%s reason=%s", kind, record.source, reason[:300])
+
+
+def to_record(message: Any) -> TurnRecord:
+    """A Faust/aiokafka message as a ``TurnRecord`` (timestamps in ms)."""
+    headers = [(k, bytes(v) if v is not None else b"") for k, v in (message.headers or [])]
+    return TurnRecord(message.key, message.value, headers, message.topic, message.partition, message.offset,
+                      int(round(message.timestamp * 1000)))

@@ -1,0 +1,71 @@
+"""Running the stream worker programmatically (what ``rollout-bus stream`` calls).
+
+Contract: ``run_worker(...)`` creates the pipeline topics if missing (Faust must not subscribe to
+a topic that does not exist), reads rollout.turns' partition count (the table must match it),
+builds the app (Faust's working directory defaults to a temporary one) and runs a ``faust.Worker`` (no web server, no Faust CLI) until SIGTERM/SIGINT.
+It returns the exit status: 0 after a clean stop, non-zero when the worker crashed; an agent
+crash ends the process itself (``streams.app.EXIT_AGENT_CRASH``). The outcome counts are logged
+periodically by the app and once more at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+import faust
+
+from rollout_bus.errors import BrokerError
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.topics import Topics
+from streams.app import build_app
+
+logger = logging.getLogger(__name__)
+
+
+def topic_partitions(client_kwargs: dict[str, Any], topic: str, timeout_s: float = 30.0) -> int:
+    """The partition count of an existing topic (metadata can lag a fresh create: retry briefly)."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(**client_kwargs)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            partitions = consumer.partitions_for_topic(topic)
+            if partitions:
+                return len(partitions)
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+    raise BrokerError(f"topic {topic!r} has no partitions after {timeout_s:.0f}s")
+
+
+def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, window_seconds: float = 60.0,
+               grace_seconds: float = 10.0, data_dir: str | None = None, stats_interval_s: float = 30.0,
+               commit_interval_s: float = 1.0, replication_factor: int = 1) -> int:
+    """Run one stream worker until it is stopped; returns the process exit status."""
+    if not data_dir:  # Faust's default is a directory under the current one
+        data_dir = os.path.join(tempfile.gettempdir(), "rollout-bus-stream", app_id)
+    os.makedirs(data_dir, exist_ok=True)
+    ensure_topics(client_kwargs, topics, replication_factor=replication_factor)
+    partitions = topic_partitions(client_kwargs, topics.turns)
+    stream_app = build_app(app_id=app_id, client_kwargs=client_kwargs, topics=topics, turns_partitions=partitions,
+                           window_seconds=window_seconds, grace_seconds=grace_seconds, data_dir=data_dir,
+                           stats_interval_s=stats_interval_s, commit_interval_s=commit_interval_s,
+                           replication_factor=replication_factor)
+    logger.info("stream worker starting app_id=%s topic=%s partitions=%d window_s=%s grace_s=%s", app_id,
+                topics.turns, partitions, window_seconds, grace_seconds)
+    # Logging stays as the caller configured it; no terminal spinner in logs.
+    worker = faust.Worker(stream_app.app, redirect_stdouts=False, quiet=True, override_logging=False)
+    worker.spinner = None
+    status = 0
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        logger.info("stream worker stopped status=%s counts %s", status, stream_app.processor.outcomes.summary())
+    return status
