@@ -14,6 +14,9 @@ Faust troubles:
 * session 10 s (a killed worker's partitions move on quickly), heartbeat 3 s, poll interval
   300 s, rebalance 60 s: no rebalance loops while an episode is merged;
 * the web server is off (a worker run through ``streams.worker`` never binds a port);
+* Faust can acknowledge records it never delivers to the agent (around rebalances and restarts):
+  the processor's state position notices the jump, and a timer compares idle partitions with
+  their end, so such records are read back and processed (``TurnProcessor.catch_up_idle``);
 * any error that is not a bad record calls ``on_fatal`` (default: log and exit the process with
   ``EXIT_AGENT_CRASH``), so a broken agent never idles silently; replay makes the exit safe.
 """
@@ -40,6 +43,8 @@ from streams.state import ChangelogState
 logger = logging.getLogger(__name__)
 
 EXIT_AGENT_CRASH = 70
+CATCH_UP_INTERVAL_S = 2.0
+CATCH_UP_IDLE_S = 4.0
 TABLE_NAME = "state"
 _RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -88,7 +93,8 @@ async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int,
                     "sasl_plain_username": client_kwargs.get("sasl_plain_username"),
                     "sasl_plain_password": client_kwargs.get("sasl_plain_password")}
     consumer = AIOKafkaConsumer(bootstrap_servers=client_kwargs["bootstrap_servers"], enable_auto_commit=False,
-                                group_id=None, max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20,
+                                group_id=None, auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 20,
+                                fetch_max_bytes=64 << 20,
                                 **{k: v for k, v in security.items() if v is not None})
     tp = TopicPartition(topic, partition)
     records: list[TurnRecord] = []
@@ -167,6 +173,18 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
         processor.forget_partitions()
+
+    @app.timer(interval=CATCH_UP_INTERVAL_S)
+    async def _catch_up_idle_partitions() -> None:
+        if app.rebalancing or app.in_recovery:
+            return
+        try:
+            ends = {tp.partition: app.consumer.highwater(tp) for tp in app.consumer.assignment()
+                    if tp.topic == topics.turns}
+            await processor.catch_up_idle(topics.turns, ends, idle_s=CATCH_UP_IDLE_S)
+        except Exception as exc:  # same rule as the agent: never idle with an unexplained error
+            on_fatal(exc, processor.outcomes.summary())
+            raise
 
     @app.timer(interval=stats_interval_s)
     async def _log_counts() -> None:

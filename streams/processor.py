@@ -5,17 +5,18 @@ Contract:
 * All state lives in one table (a ``ChangelogState``: bytes keys, bytes values), so its changelog
   partition is one ordered log of every state change of the matching source partition; after a
   crash the recovered state is a prefix of the writes. The writes of a record are handed to the
-  producer before the record is acknowledged, so the offset commit flushes them. Keys (``episode_state`` / ``windows``):
-  ``e|key`` episode index, ``t|attempt|turn|key`` one turn (16-byte prefix: source offset and
-  sent_at, then the raw payload, stored once), ``w|partition|start|adapter`` a window entry,
+  producer before the record is acknowledged, so the offset commit flushes them. Keys
+  (``episode_state`` / ``windows``): ``e|key`` episode index, ``t|attempt|turn|key`` one turn
+  (16-byte prefix: source offset and sent_at, then the raw payload, stored once),
+  ``w|partition|start|adapter`` a window entry,
   ``c|partition`` the partition's closed-until time, ``o|partition`` the next source offset to
   process (written last for every record, so the recovered state says which records it holds:
   replays below it are skipped, and records Faust acknowledged without delivering them to the
   agent, as it does around rebalances and restarts, are read again through ``fetch``).
 * A final turn's effects run in this order: send the episode and await its delivery; update the
-  window entry; write the finished marker and delete the stored turns. A crash between them
-  re-emits the episode on replay (same key and attempt) and never loses one; the window entry's
-  recorded offset keeps a replayed final from being counted twice.
+  window entry; write the finished marker and delete the stored turns; write the position. A
+  crash between them re-emits the episode on replay (same key and attempt) and never loses one;
+  the window entry's recorded offset keeps a replayed final from being counted twice.
 * Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
   rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
   headers, validation, merge) are caught; anything else propagates to the caller.
@@ -23,8 +24,10 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -135,6 +138,9 @@ class TurnProcessor:
                  fetch: Fetch | None = None) -> None:
         self.table, self.send, self.topics = table, send, topics
         self.fetch = fetch or _no_fetch
+        self.lock = asyncio.Lock()  # the agent and the idle check take turns on the state
+        self._started = time.monotonic()
+        self._last_seen: dict[int, float] = {}
         self.window_ms, self.grace_ms = window_ms, grace_ms
         self.outcomes = Outcomes()
         self._partitions: dict[int, PartitionWindows] = {}
@@ -147,6 +153,28 @@ class TurnProcessor:
 
     async def handle(self, record: TurnRecord) -> None:
         """Process one record (and any its partition skipped) to exactly one counted outcome each."""
+        async with self.lock:
+            self._last_seen[record.partition] = time.monotonic()
+            await self._handle(record)
+
+    async def catch_up_idle(self, topic: str, ends: dict[int, int], idle_s: float) -> None:
+        """Read what the agent never got on partitions idle for ``idle_s`` though they hold more.
+
+        Faust may acknowledge the last records of a partition without delivering them; with no
+        later record to reveal the jump, only a comparison with the partition's end finds them.
+        """
+        async with self.lock:
+            now = time.monotonic()
+            for partition, end in sorted(ends.items()):
+                if now - max(self._started, self._last_seen.get(partition, 0.0)) < idle_s:
+                    continue
+                self.table.bind(partition)
+                raw = self.table.get(position_key(partition))
+                position = int(raw) if raw is not None else 0
+                if end is not None and position < end:
+                    await self._read_missing(topic, partition, position, end)
+
+    async def _handle(self, record: TurnRecord) -> None:
         self.table.bind(record.partition)
         raw = self.table.get(position_key(record.partition))
         expected = int(raw) if raw is not None else None
@@ -154,23 +182,23 @@ class TurnProcessor:
             self.outcomes["replays_skipped"] += 1  # already processed: the state says so
             return
         if expected is not None and record.offset > expected:
-            await self._catch_up(record, expected)
+            await self._read_missing(record.topic, record.partition, expected, record.offset)
         await self._process(record)
 
-    async def _catch_up(self, record: TurnRecord, expected: int) -> None:
-        """Read and process the records Faust acknowledged without delivering them to the agent.
+    async def _read_missing(self, topic: str, partition: int, start: int, end: int) -> None:
+        """Read and process records ``[start, end)``, which Faust acknowledged without delivering.
 
         Faust acks the messages it skips around a rebalance or a restart; the state's position
         notices, and every record is then processed at least once all the same.
         """
-        logger.warning("partition=%d jumped to offset=%d, state expects offset=%d: reading the %d records "
-                       "in between", record.partition, record.offset, expected, record.offset - expected)
-        missing = await self.fetch(record.topic, record.partition, expected, record.offset)
+        logger.warning("partition=%d: records %d..%d were never delivered to the agent; reading them",
+                       partition, start, end - 1)
+        missing = await self.fetch(topic, partition, start, end)
         self.outcomes["catch_ups"] += 1
         self.outcomes["records_caught_up"] += len(missing)
         for skipped in missing:
             await self._process(skipped)
-        self.table.bind(record.partition)
+        self.table.bind(partition)
 
     async def _process(self, record: TurnRecord) -> None:
         """The record's outcome, the windows it made due, then its position; then flush the state."""

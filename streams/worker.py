@@ -2,10 +2,11 @@
 
 Contract: ``run_worker(...)`` creates the pipeline topics if missing (Faust must not subscribe to
 a topic that does not exist), reads rollout.turns' partition count (the table must match it),
-builds the app (Faust's working directory defaults to a temporary one) and runs a ``faust.Worker`` (no web server, no Faust CLI) until SIGTERM/SIGINT.
-It returns the exit status: 0 after a clean stop, non-zero when the worker crashed; an agent
-crash ends the process itself (``streams.app.EXIT_AGENT_CRASH``). The outcome counts are logged
-periodically by the app and once more at shutdown.
+builds the app (Faust's working directory defaults to a temporary one) and runs a
+``faust.Worker`` (no web server, no Faust CLI) until SIGTERM/SIGINT. It returns the exit status:
+0 after a clean stop, non-zero when the worker crashed; an agent crash ends the process itself
+(``streams.app.EXIT_AGENT_CRASH``). The outcome counts are logged periodically by the app and
+once more at shutdown.
 """
 
 from __future__ import annotations

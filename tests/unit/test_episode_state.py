@@ -282,3 +282,21 @@ def test_processor_reads_back_records_its_partition_skipped_and_processes_them_i
     assert processor.outcomes["records_caught_up"] == 1 and processor.outcomes["turns_received"] == 3
     (_, _, value, _), = sink.on(topics.episodes)
     assert decode_episode(value)[1].turns == 3 and sink.on(topics.dlq) == []
+
+
+def test_an_idle_partition_behind_its_end_reads_the_undelivered_records():
+    records = _records(_episode(9, 3))
+
+    async def fetch(topic, partition, start, end):
+        return records[start:end]
+
+    processor, sink, topics = _processor()
+    processor.fetch = fetch
+    _run(processor, records[:1])  # Faust acknowledged records 1 and 2 but never delivered them
+    asyncio.run(processor.catch_up_idle("turns", {0: 1}, idle_s=0.0))
+    assert sink.on(topics.episodes) == []  # nothing missing yet
+    asyncio.run(processor.catch_up_idle("turns", {0: 3}, idle_s=3600.0))
+    assert sink.on(topics.episodes) == []  # not idle long enough
+    asyncio.run(processor.catch_up_idle("turns", {0: 3}, idle_s=0.0))
+    (_, _, value, _), = sink.on(topics.episodes)
+    assert decode_episode(value)[1].turns == 3 and processor.outcomes["records_caught_up"] == 2
