@@ -53,6 +53,7 @@ from rollout_bus.topics import Topics
 from rollout_bus.train_data import NORMALIZATIONS, read_manifest
 from streams.episode_state import EpisodeIndex
 from streams.processor import TurnProcessor, TurnRecord
+from streams.state import ChangelogState
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class TurnMerger:
 
     def __init__(self, turns_topic: str) -> None:
         self.topics = Topics(prefix=topic_prefix(turns_topic))
-        self.table: dict[bytes, bytes] = {}
+        self.table = ChangelogState({})  # the stream stage's state mapping, with no changelog to write
         self._sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
         self.processor = TurnProcessor(self.table, self._send, self.topics, window_ms=_NEVER_MS, grace_ms=_NEVER_MS)
 

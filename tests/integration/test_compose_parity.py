@@ -133,10 +133,13 @@ def shard_episode_keys(out: Path) -> list[str]:
 def assignments(client_kwargs: dict, group: str, topic: str) -> list[list[int]]:
     """Per member of a stable consumer group, its partitions of ``topic`` (empty while rebalancing)."""
     from kafka import KafkaAdminClient
+    from kafka.errors import CoordinatorNotAvailableError, NotCoordinatorError
 
     admin = KafkaAdminClient(**client_kwargs)
     try:
         info = admin.describe_groups([group]).get(group, {})
+    except (CoordinatorNotAvailableError, NotCoordinatorError):
+        return []  # the group's coordinator is still being elected (a group not yet joined): ask again
     finally:
         admin.close()
     if info.get("group_state") != "Stable":
