@@ -7,14 +7,13 @@ beginning (so its counters survive a restart: ``rollout_bus.ops.exporter``), the
 
 from __future__ import annotations
 
-import logging
 import signal
 
 import typer
 from rich.console import Console
 
 from rollout_bus.cli import options
-from rollout_bus.cli.tail import kafka_settings, stage_groups
+from rollout_bus.cli.tail import stage_groups
 from rollout_bus.ops.exporter import Exporter
 from rollout_bus.ops.topic_reader import MetricsFeed
 
@@ -35,11 +34,8 @@ def exporter(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Serve the latest window and batch metrics, record counters and consumer lag to Prometheus."""
-    if not logging.getLogger().handlers:  # run as a module: no `rollout-bus` callback configured logging
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.WARNING)
-    kafka = kafka_settings(bootstrap_servers, topic_prefix)
+    options.configure_logging(verbose)
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     feed = MetricsFeed(kafka.client_kwargs(), kafka.topics(), stage_groups(kafka, stream_group, shards_group))
     server = Exporter(feed, interval_s=interval)
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())

@@ -8,7 +8,6 @@ JSON with ``--summary-out``. Exit 0 once every record is acknowledged by the bro
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,13 +33,6 @@ def _settings(**flags: object) -> GenerateSettings:
         return GenerateSettings(**{k: v for k, v in flags.items() if v is not None})
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
-
-
-def _configure_logging(verbose: bool) -> None:
-    if not logging.getLogger().handlers:  # run as a module: no `rollout-bus` callback configured logging
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
@@ -90,9 +82,8 @@ def generate(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
-    _configure_logging(verbose)
-    kafka = KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
-                                                "topic_prefix": topic_prefix}.items() if v is not None})
+    options.configure_logging(verbose)
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     settings = _settings(episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt, adapters=adapters,
                          max_turns=max_turns, min_response_len=min_response_len, max_response_len=max_response_len,
                          vocab_size=vocab_size, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.ops.inspect_record import inspect_position, render
 from rollout_bus.ops.offsets import Position, parse_position, with_prefix
@@ -34,8 +33,7 @@ def inspect(
     topic_prefix: str | None = options.TOPIC_PREFIX,
 ) -> None:
     """Decode one record and show its key, headers, identity, tokens, loss mask, supports or DLQ reason."""
-    kafka = KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
-                                                "topic_prefix": topic_prefix}.items() if v is not None})
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     try:
         pos = parse_position(position)
         pos = Position(with_prefix(pos.topic, kafka.topic_prefix), pos.partition, pos.offset)

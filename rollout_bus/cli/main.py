@@ -6,10 +6,10 @@ every stage stays scriptable); rich draws the progress bars and tables a person 
 
 from __future__ import annotations
 
-import logging
 
 import typer
 
+from rollout_bus.cli import options
 from rollout_bus.cli import demo, exporter, generate, inspect, kafka, replay, report, shards, stream, tail, topics
 
 app = typer.Typer(
@@ -35,12 +35,7 @@ app.command("inspect")(inspect.inspect)
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level.")) -> None:
     """Only the CLI configures logging: stable key=value fields on stderr."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("kafka", "aiokafka", "faust", "mode"):
-        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+    options.configure_logging(verbose)
 
 
 if __name__ == "__main__":  # python -m rollout_bus.cli.main

@@ -1,8 +1,37 @@
-"""Flag definitions shared by several subcommands, so each means the same thing everywhere."""
+"""Flags shared by several subcommands, so each means the same thing everywhere, and what they settle.
+
+``kafka_settings`` builds the connection settings from the flags a user set (environment variables
+and defaults fill the rest); ``configure_logging`` is the one logging setup of every command, also
+when a stage runs as ``python -m rollout_bus.cli.<stage>``.
+"""
 
 from __future__ import annotations
 
+import logging
+
 import typer
+
+from rollout_bus.config import KafkaSettings
+
+NOISY_LOGGERS = ("kafka", "aiokafka", "faust", "mode")
+
+
+def given(**values: object) -> dict[str, object]:
+    """Only the flags the user set, so environment variables and defaults fill the rest."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **more: object) -> KafkaSettings:
+    return KafkaSettings(**given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, **more))
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """Stable key=value log lines on stderr; third-party clients only warn unless --verbose."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in NOISY_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
 
 BOOTSTRAP = typer.Option(
     None, "--bootstrap-servers", envvar="ROLLOUT_BUS_BOOTSTRAP_SERVERS",

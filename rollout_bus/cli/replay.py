@@ -22,7 +22,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.ops.offsets import RangeStart, parse_range_start, with_prefix
 from rollout_bus.ops.replay import ReplayReport
@@ -83,8 +82,7 @@ def replay(
 ) -> None:
     """Rebuild shards from rollout.episodes or rollout.turns offsets with the shard writer's code; compare."""
     logging.getLogger("streams").setLevel(logging.ERROR)  # what the offline merge rejects is in the summary
-    kafka = KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
-                                                "topic_prefix": topic_prefix}.items() if v is not None})
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     flags = {"batching": batching, "dp_size": dp_size, "groups_per_batch": groups_per_batch,
              "normalization": normalization}
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]

@@ -19,7 +19,6 @@ from kafka.errors import KafkaError
 from rich.console import Console
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.errors import BrokerError
 from rollout_bus.ops.report import RawRun, build_report, render_html
@@ -101,8 +100,7 @@ def report(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to read the topics to their end."),
 ) -> None:
     """Write an HTML report of a run: episode lengths and rewards per window, batch sizes, dead letters."""
-    given = {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix}
-    kafka = KafkaSettings(**{k: v for k, v in given.items() if v is not None})
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     topics = kafka.topics()
     if shards is not None and not shards.is_dir():
         console.print(f"[red]error:[/red] --shards {shards} is not a directory")

@@ -6,7 +6,6 @@ writer stops as asked (``--exit-when-idle``, ``--max-batches``, SIGTERM).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import typer
@@ -15,7 +14,7 @@ from rich.console import Console
 
 from consumers.shard_writer import ShardWriter, WriterOptions, WriterStats
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings, ShardSettings
+from rollout_bus.config import ShardSettings
 
 console = Console(stderr=True)
 
@@ -52,12 +51,8 @@ def shards(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Read finished episodes, form batches, write DP shards, announce them, then commit."""
-    if not logging.getLogger().handlers:  # run as a module: no `rollout-bus` callback configured logging
-        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("kafka").setLevel(logging.INFO if verbose else logging.WARNING)
-    kafka = KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
-                                                "topic_prefix": topic_prefix}.items() if v is not None})
+    options.configure_logging(verbose)
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     settings = _settings(out=str(out) if out is not None else None, dp_size=dp_size,
                          groups_per_batch=groups_per_batch, batching=batching, group_id=group_id,
                          normalization=normalization, idle_flush_s=idle_flush_s,

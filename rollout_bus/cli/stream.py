@@ -6,17 +6,11 @@ then defaults), call ``streams.worker.run_worker``, exit with its status.
 
 from __future__ import annotations
 
-import logging
 
 import typer
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings, StreamSettings
-
-
-def _given(**values: object) -> dict[str, object]:
-    """Only the flags the user set, so environment variables and defaults fill the rest."""
-    return {k: v for k, v in values.items() if v is not None}
+from rollout_bus.config import StreamSettings
 
 
 def stream(
@@ -36,13 +30,9 @@ def stream(
     """Run a stream worker until interrupted: rollout.turns in; rollout.episodes, rollout.metrics, rollout.dlq out."""
     from streams.worker import run_worker  # the stage is imported only when the command runs
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("kafka", "aiokafka", "faust", "mode"):
-        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
-    kafka = KafkaSettings(**_given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
-                                   local_port=port))
-    settings = StreamSettings(**_given(app_id=app_id, window_seconds=window_seconds,
+    options.configure_logging(verbose)
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix, local_port=port)
+    settings = StreamSettings(**options.given(app_id=app_id, window_seconds=window_seconds,
                                        window_grace_seconds=grace_seconds, data_dir=data_dir,
                                        stats_interval_seconds=stats_interval))
     status = run_worker(app_id=settings.app_id, client_kwargs=kafka.client_kwargs(), topics=kafka.topics(),

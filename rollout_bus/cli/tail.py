@@ -31,11 +31,6 @@ BATCH_COLUMNS = [("num_training_samples", "rows"), ("response_len/mean", "resp l
                  ("truncated_ratio", "truncated"), ("episode_raw_reward", "reward")]
 
 
-def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None) -> KafkaSettings:
-    return KafkaSettings(**{k: v for k, v in {"bootstrap_servers": bootstrap_servers,
-                                              "topic_prefix": topic_prefix}.items() if v is not None})
-
-
 def stage_groups(kafka: KafkaSettings, stream_group: str | None, shards_group: str | None) -> list[tuple[str, str]]:
     """(group, topic) of the stream worker and the shard writer; settings fill what flags leave out."""
     topics = kafka.topics()
@@ -113,7 +108,7 @@ def tail(
                                             "(default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
 ) -> None:
     """Live metrics from rollout.metrics, dead letters by reason, and consumer lag, refreshing in place."""
-    kafka = kafka_settings(bootstrap_servers, topic_prefix)
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     feed = MetricsFeed(kafka.client_kwargs(), kafka.topics(), stage_groups(kafka, stream_group, shards_group),
                        adapter=adapter, history=None if from_beginning else history)
     console = Console()

@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.local_broker import broker_answers
@@ -60,8 +59,7 @@ def create(
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the cluster to answer."),
 ) -> None:
     """Create every missing pipeline topic; print the names created."""
-    given = {"bootstrap_servers": bootstrap_servers, "topic_prefix": topic_prefix, "local_port": port}
-    kafka = KafkaSettings(**{k: v for k, v in given.items() if v is not None})
+    kafka = options.kafka_settings(bootstrap_servers, topic_prefix, local_port=port)
     kwargs = kafka.client_kwargs()
     topics = _topics(kafka.topic_prefix, turns_partitions, episodes_partitions)
     try:
