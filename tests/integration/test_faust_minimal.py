@@ -17,6 +17,25 @@ def _start_worker(bootstrap, source, sink, app_id, log, datadir):
                              app_id, str(datadir)], stdout=log, stderr=subprocess.STDOUT)
 
 
+def _wait_until_member(bootstrap, group, timeout_s=60):
+    """Until the worker has joined its consumer group and holds its partition (Faust is ready to consume)."""
+    from kafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            info = admin.describe_groups([group]).get(group, {})
+        except KafkaError:
+            info = {}
+        finally:
+            admin.close()
+        if info.get("group_state") == "Stable" and info.get("members"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the Faust worker never joined group {group}")
+
+
 def _read_counts(bootstrap, sink, want, timeout_s=60):
     consumer = KafkaConsumer(sink, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                              enable_auto_commit=False, group_id=None)
@@ -40,6 +59,7 @@ def test_faust_agent_updates_a_table_and_recovers_it_after_restart(kafka_bootstr
 
     worker = _start_worker(kafka_bootstrap, source, sink, app_id, log, tmp_path / "faust")
     try:
+        _wait_until_member(kafka_bootstrap, app_id)
         for _ in range(3):
             producer.send(source, key=b"episode", value=b"x")
         producer.flush()
@@ -50,6 +70,7 @@ def test_faust_agent_updates_a_table_and_recovers_it_after_restart(kafka_bootstr
 
     worker = _start_worker(kafka_bootstrap, source, sink, app_id, log, tmp_path / "faust")
     try:
+        _wait_until_member(kafka_bootstrap, app_id)
         producer.send(source, key=b"episode", value=b"y")
         producer.flush()
         assert _read_counts(kafka_bootstrap, sink, 4) == [1, 2, 3, 4], (tmp_path / "worker.log").read_text()
