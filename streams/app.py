@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_AGENT_CRASH = 70
 CATCH_UP_INTERVAL_S = 2.0
+DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within this, with no further record
 CATCH_UP_IDLE_S = 4.0
 TABLE_NAME = "state"
 _RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
@@ -143,11 +144,11 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
                       help="episode indexes, stored turns, window entries (streams.processor)")
 
     async def send(topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], *,
-                   wait: bool) -> None:
+                   wait: bool) -> Any:
         if wait:
             await app.producer.send_and_wait(topic, key, value, None, None, headers)
-        else:
-            await app.producer.send(topic, key, value, None, None, headers)
+            return None
+        return await app.producer.send(topic, key, value, None, None, headers)
 
     changelog = table.changelog_topic.get_topic_name()
 
@@ -183,6 +184,16 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
                     if tp.topic == topics.turns}
             await processor.catch_up_idle(topics.turns, ends, idle_s=CATCH_UP_IDLE_S)
         except Exception as exc:  # same rule as the agent: never idle with an unexplained error
+            on_fatal(exc, processor.outcomes.summary())
+            raise
+
+    @app.timer(interval=DRAIN_INTERVAL_S)
+    async def _drain_in_flight() -> None:
+        if app.rebalancing or app.in_recovery:
+            return
+        try:
+            await processor.drain_idle()
+        except Exception as exc:  # a failed delivery: crash loudly, the replay re-emits
             on_fatal(exc, processor.outcomes.summary())
             raise
 

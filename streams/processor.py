@@ -13,10 +13,15 @@ Contract:
   process (written last for every record, so the recovered state says which records it holds:
   replays below it are skipped, and records Faust acknowledged without delivering them to the
   agent, as it does around rebalances and restarts, are read again through ``fetch``).
-* A final turn's effects run in this order: send the episode and await its delivery; update the
-  window entry; write the finished marker and delete the stored turns; write the position. A
-  crash between them re-emits the episode on replay (same key and attempt) and never loses one;
-  the window entry's recorded offset keeps a replayed final from being counted twice.
+* A final turn's effects run in this order: send the episode; once the broker has acknowledged
+  it, update the window entry, write the finished marker and delete the stored turns, then the
+  position. A crash between them re-emits the episode on replay (same key and attempt) and never
+  loses one; the window entry's recorded offset keeps a replayed final from being counted twice.
+* Finals are pipelined: the worker goes on with other records while episode records are in
+  flight, and ``drain()`` applies the deferred effects once they are acknowledged (before any
+  record of an in-flight episode's key, before a window closes, at ``MAX_IN_FLIGHT``, and on the
+  app's short timer). Until then the partition's recorded position stays where it was before the
+  oldest in-flight final, so a crash replays from there (the later records' effects are idempotent).
 * Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
   rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
   headers, validation, merge) are caught; anything else propagates to the caller.
@@ -30,6 +35,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rollout_bus.codec import decode_samples
@@ -53,10 +59,24 @@ _PREFIX = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
 
 
 class Sender(Protocol):
-    """Publishes one record; ``wait`` awaits the broker's acknowledgement."""
+    """Publishes one record; ``wait`` awaits the broker's acknowledgement, else the delivery
+    future is returned (or None where there is no broker, as in an offline replay)."""
 
     async def __call__(self, topic: str, key: bytes | None, value: bytes | None,
-                       headers: list[tuple[str, bytes]], *, wait: bool) -> None: ...
+                       headers: list[tuple[str, bytes]], *, wait: bool) -> Awaitable[Any] | None: ...
+
+
+MAX_IN_FLIGHT = 256  # finals whose episode records may be unacknowledged at once
+
+
+@dataclass
+class _InFlight:
+    """A final whose episode record is sent; ``effects`` run once the broker acknowledges it."""
+
+    partition: int
+    key: bytes
+    delivery: Awaitable[Any] | None
+    effects: Callable[[], Awaitable[None]]
 
 
 class Fetch(Protocol):
@@ -145,17 +165,52 @@ class TurnProcessor:
         self.outcomes = Outcomes()
         self._partitions: dict[int, PartitionWindows] = {}
         self._entries: dict[bytes, WindowEntry] = {}  # decoded window entries, mirroring the table
+        self._in_flight: list[_InFlight] = []
+        self._in_flight_keys: set[bytes] = set()
+        self._next_offset: dict[int, int] = {}  # ahead of the recorded position while finals are in flight
 
     def forget_partitions(self) -> None:
         """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
         self._partitions.clear()
         self._entries.clear()
+        self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
+        self._in_flight_keys.clear()
+        self._next_offset.clear()
 
     async def handle(self, record: TurnRecord) -> None:
         """Process one record (and any its partition skipped) to exactly one counted outcome each."""
         async with self.lock:
             self._last_seen[record.partition] = time.monotonic()
             await self._handle(record)
+
+    async def drain(self) -> None:
+        """Await every in-flight episode record, then apply their deferred effects in order."""
+        if not self._in_flight:
+            return
+        in_flight, self._in_flight = self._in_flight, []
+        self._in_flight_keys.clear()
+        deliveries = [f.delivery for f in in_flight if f.delivery is not None]
+        if deliveries:
+            await asyncio.gather(*deliveries)  # a failed delivery raises: the worker crashes and replays
+        for final in in_flight:
+            self.table.bind(final.partition)
+            await final.effects()
+        for partition in sorted({f.partition for f in in_flight}):
+            self.table.bind(partition)
+            self.table[position_key(partition)] = b"%d" % self._next_offset[partition]
+        await self.table.flush()
+
+    async def drain_idle(self) -> None:
+        """The app's timer: apply acknowledged finals even when no further record arrives."""
+        async with self.lock:
+            await self.drain()
+
+    def _position(self, partition: int) -> int | None:
+        """The next offset to process: ahead of the recorded one while finals are in flight."""
+        if self._in_flight and partition in self._next_offset:
+            return self._next_offset[partition]
+        raw = self.table.get(position_key(partition))
+        return int(raw) if raw is not None else None
 
     async def catch_up_idle(self, topic: str, ends: dict[int, int], idle_s: float) -> None:
         """Read what the agent never got on partitions idle for ``idle_s`` though they hold more.
@@ -164,6 +219,7 @@ class TurnProcessor:
         later record to reveal the jump, only a comparison with the partition's end finds them.
         """
         async with self.lock:
+            await self.drain()
             now = time.monotonic()
             for partition, end in sorted(ends.items()):
                 if now - max(self._started, self._last_seen.get(partition, 0.0)) < idle_s:
@@ -175,9 +231,10 @@ class TurnProcessor:
                     await self._read_missing(topic, partition, position, end)
 
     async def _handle(self, record: TurnRecord) -> None:
+        if record.key in self._in_flight_keys or len(self._in_flight) >= MAX_IN_FLIGHT:
+            await self.drain()
         self.table.bind(record.partition)
-        raw = self.table.get(position_key(record.partition))
-        expected = int(raw) if raw is not None else None
+        expected = self._position(record.partition)
         if expected is not None and record.offset < expected:
             self.outcomes["replays_skipped"] += 1  # already processed: the state says so
             return
@@ -214,7 +271,9 @@ class TurnProcessor:
         except _Rejected as rejected:
             await self._dead_letter(record, rejected.kind, rejected.reason)
         await self._close_due(record.partition, windows)
-        self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
+        self._next_offset[record.partition] = record.offset + 1
+        if not any(f.partition == record.partition for f in self._in_flight):
+            self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
         await self.table.flush()
 
     async def _apply(self, decision: Decision, record: TurnRecord, headers: TurnHeaders, sample: Sample) -> None:
@@ -268,13 +327,19 @@ class TurnProcessor:
             return
         info = EpisodeInfo(attempt=headers.attempt, turns=headers.turn + 1, group_size=headers.group_size,
                            final_sent_at_ms=headers.sent_at_ms, event_time_ms=record.timestamp_ms)
-        await self.send(self.topics.episodes, record.key, encode_episode(segments, info), info.headers(), wait=True)
+        delivery = await self.send(self.topics.episodes, record.key, encode_episode(segments, info), info.headers(),
+                                   wait=False)
         self.outcomes["episodes_emitted"] += 1
         self.outcomes["turns_merged"] += len(turns)
         if len(segments) > 1:
             self.outcomes["episodes_with_siblings"] += 1
-        await self._count_in_window(record, segments)
-        self._finish(index, record.key, headers)
+
+        async def effects() -> None:
+            await self._count_in_window(record, segments)
+            self._finish(index, record.key, headers)
+
+        self._in_flight.append(_InFlight(record.partition, record.key, delivery, effects))
+        self._in_flight_keys.add(record.key)
 
     def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders) -> None:
         self.table[index_key(key)] = finished_index(index).to_bytes()
@@ -317,6 +382,9 @@ class TurnProcessor:
 
     async def _close_due(self, partition: int, windows: PartitionWindows) -> None:
         """Publish each window the watermark passed as closed (awaited), then delete its state."""
+        if self._in_flight and windows.due(self.grace_ms):
+            await self.drain()  # in-flight finals are counted in their windows before those close
+            self.table.bind(partition)
         for key in windows.due(self.grace_ms):
             raw = self.table.get(key)
             entry = self._entries.pop(key, None)

@@ -242,6 +242,7 @@ class TurnMerger:
                                   int(record.timestamp))
                 loop.run_until_complete(self.processor.handle(turn))
                 yield from self._drain(record, rejections)
+            loop.run_until_complete(self.processor.drain())  # the deferred effects of the last finals
         finally:
             loop.close()
 

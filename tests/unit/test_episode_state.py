@@ -143,6 +143,7 @@ def _run(processor: TurnProcessor, records: list[TurnRecord]) -> None:
     async def go():
         for record in records:
             await processor.handle(record)
+        await processor.drain_idle()  # what the app's timer does once the records stop
     asyncio.run(go())
 
 
@@ -171,6 +172,25 @@ def test_processor_state_after_an_episode_is_only_its_finished_marker_and_window
     _run(processor, records)
     assert sorted(k[:2] for k in processor.table.store) == [b"e|", b"o|", b"w|"]
     assert EpisodeIndex.from_bytes(processor.table[index_key(records[0].key)]).finished
+
+
+def test_processor_keeps_a_final_in_flight_until_drained_and_its_position_before_it():
+    processor, sink, topics = _processor()
+    records = _records(_episode(1, 3))
+
+    async def go():
+        for record in records:
+            await processor.handle(record)
+        in_flight = (EpisodeIndex.from_bytes(processor.table[index_key(records[0].key)]).finished,
+                     int(processor.table[position_key(0)]))
+        await processor.drain()
+        return in_flight
+
+    finished_before, position_before = asyncio.run(go())
+    assert len(sink.on(topics.episodes)) == 1
+    assert not finished_before and position_before == records[-1].offset  # a crash now replays the final
+    assert EpisodeIndex.from_bytes(processor.table[index_key(records[0].key)]).finished
+    assert int(processor.table[position_key(0)]) == records[-1].offset + 1
 
 
 def test_processor_ignores_a_redelivered_final_and_dead_letters_a_late_turn():
