@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -26,13 +25,6 @@ if TYPE_CHECKING:
     from producers.generator import GenerateSummary
 
 console = Console(stderr=True)
-
-
-def _settings(**flags: object) -> GenerateSettings:
-    try:
-        return GenerateSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
 
 
 def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
@@ -84,12 +76,12 @@ def generate(
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
-    settings = _settings(episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt, adapters=adapters,
-                         max_turns=max_turns, min_response_len=min_response_len, max_response_len=max_response_len,
-                         vocab_size=vocab_size, temperature=temperature, top_p=top_p, top_k=top_k,
-                         compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
-                         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob,
-                         inject_faults=inject_faults or None)
+    settings = options.role_settings(
+        GenerateSettings, episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt,
+        adapters=adapters, max_turns=max_turns, min_response_len=min_response_len,
+        max_response_len=max_response_len, vocab_size=vocab_size, temperature=temperature, top_p=top_p,
+        top_k=top_k, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
+        tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     try:
         summary, seconds = _run(settings, kafka)

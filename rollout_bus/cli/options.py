@@ -8,17 +8,28 @@ when a stage runs as ``python -m rollout_bus.cli.<stage>``.
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 import typer
+from pydantic import ValidationError
 
 from rollout_bus.config import KafkaSettings
 
 NOISY_LOGGERS = ("kafka", "aiokafka", "faust", "mode")
+S = TypeVar("S")
 
 
 def given(**values: object) -> dict[str, object]:
     """Only the flags the user set, so environment variables and defaults fill the rest."""
     return {k: v for k, v in values.items() if v is not None}
+
+
+def role_settings(cls: type[S], **flags: object) -> S:
+    """A role's settings from the flags a user set; a value out of range is a usage error naming it."""
+    try:
+        return cls(**given(**flags))
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **more: object) -> KafkaSettings:

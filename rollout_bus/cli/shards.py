@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 from consumers.shard_writer import ShardWriter, WriterOptions, WriterStats
@@ -17,13 +16,6 @@ from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 
 console = Console(stderr=True)
-
-
-def _settings(**flags: object) -> ShardSettings:
-    try:
-        return ShardSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
 
 
 def _progress_line(stats: WriterStats) -> str:
@@ -53,10 +45,10 @@ def shards(
     """Read finished episodes, form batches, write DP shards, announce them, then commit."""
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
-    settings = _settings(out=str(out) if out is not None else None, dp_size=dp_size,
-                         groups_per_batch=groups_per_batch, batching=batching, group_id=group_id,
-                         normalization=normalization, idle_flush_s=idle_flush_s,
-                         exit_when_idle=exit_when_idle or None, max_batches=max_batches)
+    settings = options.role_settings(
+        ShardSettings, out=str(out) if out is not None else None, dp_size=dp_size, groups_per_batch=groups_per_batch,
+        batching=batching, group_id=group_id, normalization=normalization, idle_flush_s=idle_flush_s,
+        exit_when_idle=exit_when_idle or None, max_batches=max_batches)
     writer_options = WriterOptions(
         out_dir=Path(settings.out), dp_size=settings.dp_size, groups_per_batch=settings.groups_per_batch,
         batching=settings.batching, group_id=settings.group_id, normalization=settings.normalization,
