@@ -227,8 +227,8 @@ class LocalBroker:
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker this manager started; False when none was running."""
         pid = self._recorded_pid()
-        self.pid_file.unlink(missing_ok=True) if pid is None else None
         if pid is None:
+            self.pid_file.unlink(missing_ok=True)  # a stale pid file of a broker that died
             return False
         self._signal_and_wait(pid, timeout_s)
         self.pid_file.unlink(missing_ok=True)
