@@ -117,9 +117,9 @@ def tail(
         if once:
             _show(console, feed.snapshot(), json_output)
             return
-        if json_output:
+        if json_output or not console.is_terminal:  # piped or a container log: a snapshot per interval
             while True:
-                _show(console, feed.snapshot(), True)
+                _show(console, feed.snapshot(), json_output)
                 _refresh_for(feed, interval)
         with Live(render(feed.snapshot()), console=console, auto_refresh=False) as live:
             while True:

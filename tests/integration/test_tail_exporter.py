@@ -103,6 +103,19 @@ def test_tail_once_json_merges_window_partials_and_counts_batches_dead_letters_a
     assert recent["dlq"]["on_topic"] == 3
 
 
+def test_tail_without_a_terminal_prints_a_snapshot_every_interval_instead_of_drawing_nothing(client_kwargs, topics):
+    _publish_run(client_kwargs, topics)
+    proc = subprocess.Popen(_cli("tail", client_kwargs, topics, "--interval", "0.5"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(6)
+    finally:
+        proc.send_signal(2)  # Ctrl-C, as a person stops it
+        output, _ = proc.communicate(timeout=30)
+    assert output.count("latest window per adapter") >= 2, output
+    assert "dead letters (3 read" in output and "mask-check" in output
+
+
 def _scrape(url: str) -> dict[str, float]:
     """Sample values by ``name{label="value",...}`` with the labels sorted, however the server orders them."""
     text = urllib.request.urlopen(url, timeout=5).read().decode()
