@@ -38,12 +38,3 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
     finally:
         admin.close()
 
-
-def delete_topics(client_kwargs: dict[str, Any], names: list[str]) -> None:
-    admin = KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs)
-    try:
-        present = [n for n in names if n in set(admin.list_topics())]
-        if present:
-            admin.delete_topics(present)
-    finally:
-        admin.close()

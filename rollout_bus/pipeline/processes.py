@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
@@ -60,12 +59,3 @@ class StageProcess:
         except OSError:
             return "(no log)"
 
-
-def wait_for_exit(process: StageProcess, timeout_s: float, poll_s: float = 0.2) -> int | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        code = process.poll()
-        if code is not None:
-            return code
-        time.sleep(poll_s)
-    return None
