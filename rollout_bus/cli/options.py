@@ -50,7 +50,7 @@ BOOTSTRAP = typer.Option(
 )
 TOPIC_PREFIX = typer.Option(None, "--topic-prefix", envvar="ROLLOUT_BUS_TOPIC_PREFIX",
                             help="Prefix for every topic name, so several runs can share a cluster.")
-PORT = typer.Option(9092, "--port", envvar="ROLLOUT_BUS_LOCAL_PORT",
+PORT = typer.Option(9092, "--port", envvar="ROLLOUT_BUS_LOCAL_PORT", min=1, max=65534,
                     help="Port of the local broker (its controller listens on port + 1).")
 DATA_DIR = typer.Option(None, "--data-dir", envvar="ROLLOUT_BUS_KAFKA_DATA_DIR",
                         help="State directory of the local broker (default: ~/.cache/rollout-bus/broker-PORT).")

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import BrokerError, ConfigError, must_be
 from rollout_bus.kafka import runtime
 
 logger = logging.getLogger(__name__)
@@ -135,6 +135,8 @@ class LocalBroker:
     """One managed broker, identified by its data directory and port."""
 
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Path | str | None = None):
+        if not 1 <= port <= 65534:  # the controller listens on port + 1
+            raise ConfigError(must_be("port", "in 1..65534 (the controller takes port + 1)", port))
         self.port = port
         self.controller_port = port + 1
         self.data_dir = Path(data_dir).expanduser() if data_dir else runtime.cache_root() / f"broker-{port}"

@@ -74,3 +74,10 @@ def test_a_broker_that_dies_while_starting_is_reported_with_its_log(tmp_path, mo
     with pytest.raises(BrokerError, match="exited with code") as caught:
         LocalBroker(port=PORT + 30, data_dir=tmp_path / "b").start(timeout_s=60)
     assert "heap" in str(caught.value).lower()
+
+
+def test_a_port_without_room_for_the_controller_is_refused_by_name():
+    with pytest.raises(ValueError, match="'port' must be in 1..65534"):
+        LocalBroker(port=65535)
+    done = _cli("start", "--port", "99999")
+    assert done.returncode != 0 and "--port" in done.stderr and "Traceback" not in done.stderr
