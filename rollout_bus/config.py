@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING
 from rollout_bus.topics import Topics
 
 ENV_PREFIX = "ROLLOUT_BUS_"
@@ -34,6 +35,8 @@ class KafkaSettings(_Settings):
     ssl_keyfile: str | None = None
     topic_prefix: str = ""
     local_port: int = 9092
+    # the largest record value on any topic (rollout_bus.kafka.limits): topics, producers, consumers
+    max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1 << 20, le=MAX_RECORD_BYTES_CEILING)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection keyword arguments shared by kafka-python producers, consumers and admins."""

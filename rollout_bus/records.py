@@ -10,6 +10,17 @@ talks to no broker.
   where the metadata is ``EpisodeInfo`` (attempt, turns, group_size, sent_at of the final turn,
   event time); headers repeat attempt/group_size/schema for consumers that filter without decoding.
 - rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``.
+- Control records, told apart from data by the ``control`` header (data records never carry it),
+  so batch boundaries follow from the log alone, never from a clock:
+
+  - ``end-of-run`` (``EndOfRun``): the generator sends one to every partition of rollout.turns once
+    all its turns are acknowledged; each stream worker forwards it, after every episode of that
+    turns partition is acknowledged, to every partition of rollout.episodes with the turns
+    partition it came from. A shard writer that has seen the marker of every turns partition on
+    every episodes partition knows nothing more will come, and writes the last, partial batch.
+  - ``abandoned`` (``Abandoned``): the stream stage sends one on rollout.episodes, keyed by the
+    rollout key, for an episode whose final turn it dead-lettered (or whose episode record could
+    not be written): the episode will never arrive, so its group completes without it.
 """
 
 from __future__ import annotations
@@ -19,10 +30,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
 from rollout_bus.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
-from rollout_bus.errors import CodecError, ContractError
-from rollout_bus.sample import Sample
-from rollout_bus.topics import (HEADER_ATTEMPT, HEADER_FINAL, HEADER_GROUP_SIZE, HEADER_SCHEMA, HEADER_SENT_AT,
-                                HEADER_TURN, SCHEMA_VERSION)
+from rollout_bus.errors import CodecError, ContractError, must_be
+from rollout_bus.sample import AdapterRef, Sample
+from rollout_bus.topics import (HEADER_ATTEMPT, HEADER_CONTROL, HEADER_FINAL, HEADER_GROUP_SIZE, HEADER_SCHEMA,
+                                HEADER_SENT_AT, HEADER_TURN, SCHEMA_VERSION)
 
 TURN_FIELDS = COMPUTED_FIELDS + SAMPLING_MASK_FIELDS
 METRIC_PREFIX = "rollout/"
@@ -127,3 +138,122 @@ def batch_metrics_record(batch_seq: int, metrics: dict[str, Any], *, samples: in
     doc = {"kind": "batch", "batch": batch_seq, "samples": samples, "manifest": manifest_path,
            "metrics": prefixed(metrics)}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------------------------------- keys
+
+RolloutKeyParts = tuple[AdapterRef | None, str, int, int]
+
+
+def parse_rollout_key(key: bytes | str | None) -> RolloutKeyParts:
+    """Inverse of ``topics.rollout_key_string``: ``(adapter, kind, group_index, id)``.
+
+    Strict: ContractError unless the key is the compact JSON array
+    ``[adapter name|null, slot|null, kind, group_index, id]`` with a non-negative integer group
+    index, so a group can be found from a record key alone (a dead-lettered turn included).
+    """
+    try:
+        text = key.decode("utf-8") if isinstance(key, (bytes, bytearray)) else key
+        parts = json.loads(text) if isinstance(text, str) else None
+    except (UnicodeDecodeError, ValueError):
+        parts = None
+    shape = "the rollout key [adapter, slot, kind, group_index, id] as compact JSON"
+    if not isinstance(parts, list) or len(parts) != 5:
+        raise ContractError(must_be("record key", shape, key if not isinstance(key, bytes) else key[:200]))
+    name, slot, kind, group_index, ident = parts
+    integral = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    if (name is None) != (slot is None) or (name is not None and not (isinstance(name, str) and integral(slot))):
+        raise ContractError(must_be("record key adapter", "[name, slot] or [null, null]", [name, slot]))
+    if kind not in ("rollout", "sample") or not integral(group_index) or group_index < 0 or not integral(ident):
+        raise ContractError(must_be("record key", shape + " with a group_index >= 0", parts))
+    adapter = AdapterRef(name, slot) if name is not None else None
+    return adapter, kind, group_index, ident
+
+
+# ------------------------------------------------------------------------------- control records
+
+CONTROL_END_OF_RUN = "end-of-run"
+CONTROL_ABANDONED = "abandoned"
+END_OF_RUN_KEY = b"end-of-run"
+
+
+def control_kind(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
+    """The ``control`` header's value (``end-of-run``, ``abandoned``), or None for a data record."""
+    for name, value in headers or ():
+        if name == HEADER_CONTROL:
+            return bytes(value or b"").decode("ascii", "replace")
+    return None
+
+
+def _control_doc(value: bytes | None, what: str, fields: dict[str, type]) -> dict[str, Any]:
+    try:
+        doc = json.loads(value) if value is not None else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise ContractError(must_be(f"{what} record value", f"a JSON object with {sorted(fields)}",
+                                    value[:200] if value else value))
+    for name, kind in fields.items():
+        found = doc.get(name)
+        if found is None and name in _NULLABLE:
+            continue
+        if not isinstance(found, kind) or (kind is int and isinstance(found, bool)):
+            raise ContractError(must_be(f"{what} field {name!r}", kind.__name__, found))
+    return doc
+
+
+_NULLABLE = {"turns_partition", "turns_partitions"}
+
+
+@dataclass(frozen=True)
+class EndOfRun:
+    """No more turns will follow on a partition: the run (``run``, the generator's id) is over.
+
+    On rollout.turns ``turns_partition``/``turns_partitions`` are None; the stream stage fills
+    them in when it forwards the marker to rollout.episodes.
+    """
+
+    run: str
+    turns_partition: int | None = None
+    turns_partitions: int | None = None
+
+    def value(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_CONTROL, CONTROL_END_OF_RUN.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+
+    def forwarded(self, turns_partition: int, turns_partitions: int) -> "EndOfRun":
+        return EndOfRun(self.run, turns_partition, turns_partitions)
+
+    @classmethod
+    def from_value(cls, value: bytes | None) -> "EndOfRun":
+        doc = _control_doc(value, "end-of-run", {"run": str, "turns_partition": int, "turns_partitions": int})
+        return cls(doc["run"], doc["turns_partition"], doc["turns_partitions"])
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """An episode that will never reach rollout.episodes, and why (its turns are in the DLQ)."""
+
+    attempt: int
+    group_size: int
+    kind: str    # the dead-letter kind that ended it (merge, gap, decode, too_large, ...)
+    reason: str
+    source: str  # topic:partition:offset of the final turn
+
+    def value(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_CONTROL, CONTROL_ABANDONED.encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
+                (HEADER_GROUP_SIZE, str(self.group_size).encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+
+    @classmethod
+    def from_value(cls, value: bytes | None) -> "Abandoned":
+        doc = _control_doc(value, "abandoned", {"attempt": int, "group_size": int, "kind": str, "reason": str,
+                                                "source": str})
+        if doc["attempt"] < 0 or doc["group_size"] < 1:
+            raise ContractError(must_be("abandoned attempt/group_size", ">= 0 / >= 1",
+                                        (doc["attempt"], doc["group_size"])))
+        return cls(doc["attempt"], doc["group_size"], doc["kind"], doc["reason"], doc["source"])

@@ -16,6 +16,8 @@ HEADER_GROUP_SIZE = "group_size"
 HEADER_SCHEMA = "schema"
 HEADER_SENT_AT = "sent_at"
 SCHEMA_VERSION = "1"
+# A control record (end of run, abandoned episode) carries this header; data records never do.
+HEADER_CONTROL = "control"
 
 
 @dataclass(frozen=True)

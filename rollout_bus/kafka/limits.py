@@ -1,0 +1,50 @@
+"""Record sizes: one setting, ``max_record_bytes``, sizes every topic, producer and consumer.
+
+Kafka's defaults cap a record batch at about 1 MiB; a long agentic episode with its sampling masks
+(128k response tokens) is several MB, up to tens of MB with wide supports. Rather than split
+episodes across records, rollout-bus raises the limit where it is enforced, all from one number
+(``KafkaSettings.max_record_bytes``, ``ROLLOUT_BUS_MAX_RECORD_BYTES``): the topics' (and the stream
+state changelog's) ``max.message.bytes``, each producer's request and buffer sizes, each consumer's
+fetch sizes. Every producer also compresses (lz4). A record over the limit anyway is dead-lettered
+by reference (key, headers, source, reason ``too_large``), never fatal.
+
+The broker refuses any request over its ``socket.request.max.bytes`` (100 MiB by default), so the
+setting stays below that (``MAX_RECORD_BYTES_CEILING``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+MAX_RECORD_BYTES_CEILING = 96 << 20
+HEADROOM_BYTES = 1 << 20  # key, headers and batch framing around the largest value
+COMPRESSION = "lz4"
+
+
+def _limit(max_record_bytes: int) -> int:
+    return int(max_record_bytes) + HEADROOM_BYTES
+
+
+def topic_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, str]:
+    """Topic-level configs for every pipeline topic (and the stream state changelog)."""
+    return {"max.message.bytes": str(_limit(max_record_bytes))}
+
+
+def producer_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
+    """kafka-python ``KafkaProducer`` keywords: requests and buffer large enough, lz4."""
+    limit = _limit(max_record_bytes)
+    return {"max_request_size": limit, "buffer_memory": max(32 << 20, 2 * limit), "compression_type": COMPRESSION}
+
+
+def consumer_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
+    """kafka-python ``KafkaConsumer`` or aiokafka ``AIOKafkaConsumer`` fetch sizes (same names in both)."""
+    limit = _limit(max_record_bytes)
+    return {"max_partition_fetch_bytes": limit, "fetch_max_bytes": max(50 << 20, limit)}
+
+
+def faust_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
+    """``faust.App`` settings: the producer's request size and compression, the consumer's fetch size."""
+    limit = _limit(max_record_bytes)
+    return {"producer_max_request_size": limit, "producer_compression_type": COMPRESSION,
+            "consumer_max_fetch_size": limit}
