@@ -10,6 +10,7 @@ data also derive from ``ValueError`` so callers that only know the contract (CON
     │   └── MaskCheckError              the whole-batch sampling-mask check failed
     ├── ConfigError (ValueError)        a setting or command-line value is unusable
     └── BrokerError                     the local Kafka broker cannot be fetched, started or reached
+        └── RecordTooLargeError         a record is over the size limit of a producer or topic
 
 Messages follow one template, ``'{name}' must be {expected} (got {value!r})``, and say where
 (sample position, tensor name, topic-partition-offset) whenever that is known.
@@ -42,6 +43,11 @@ class ConfigError(RolloutBusError, ValueError):
 
 class BrokerError(RolloutBusError):
     """The local Kafka broker cannot be fetched, started, stopped or reached."""
+
+
+class RecordTooLargeError(BrokerError):
+    """A record is over the producer's or the topic's size limit (``rollout_bus.kafka.limits``):
+    it is dead-lettered by reference, never fatal."""
 
 
 def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -> str:

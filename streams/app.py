@@ -17,6 +17,12 @@ Faust troubles:
 * Faust can acknowledge records it never delivers to the agent (around rebalances and restarts):
   the processor's state position notices the jump, and a timer compares idle partitions with
   their end, so such records are read back and processed (``TurnProcessor.catch_up_idle``);
+* record sizes from one setting (``max_record_bytes``, ``rollout_bus.kafka.limits``): the
+  producer's request size and lz4 compression, the consumer's fetch size, and the state
+  changelog's ``max.message.bytes``; a record the producer or the broker refuses for its size
+  raises ``RecordTooLargeError`` to the processor, which dead-letters it by reference;
+* broker outages are waited out inside the clients: the producer's request timeout is Faust's
+  (20 minutes), so a send waits for the broker rather than failing;
 * any error that is not a bad record calls ``on_fatal`` (default: log and exit the process with
   ``EXIT_AGENT_CRASH``), so a broken agent never idles silently; replay makes the exit safe.
 """
@@ -34,10 +40,14 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import RecordTooLargeError as AioRecordTooLargeError
 
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import BrokerError, RecordTooLargeError
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, consumer_config, faust_config, topic_config
 from rollout_bus.topics import Topics
-from streams.processor import TurnProcessor, TurnRecord, to_record
+from streams.processor import TurnProcessor
+from streams.turn_record import TurnRecord, to_record
 from streams.state import ChangelogState
 
 logger = logging.getLogger(__name__)
@@ -82,8 +92,26 @@ def broker_credentials(client_kwargs: dict[str, Any]) -> Any:
     return faust.SSLCredentials(context)
 
 
+def _is_too_large(exc: BaseException | None) -> bool:
+    """Whether a send failed for the record's size (Faust wraps aiokafka's error in ProducerSendError)."""
+    while exc is not None:
+        if isinstance(exc, (MessageSizeTooLargeError, AioRecordTooLargeError)):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+async def _delivered(future: Any) -> Any:
+    try:
+        return await future
+    except Exception as exc:
+        if _is_too_large(exc):
+            raise RecordTooLargeError(f"the broker refused the record for its size: {exc!r}") from exc
+        raise
+
+
 async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int, start: int, end: int,
-                      timeout_s: float = 60.0) -> list[TurnRecord]:
+                      timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[TurnRecord]:
     """Records ``[start, end)`` of one partition, read with a group-less aiokafka consumer."""
     credentials = broker_credentials(client_kwargs)
     security = {}
@@ -94,8 +122,7 @@ async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int,
                     "sasl_plain_username": client_kwargs.get("sasl_plain_username"),
                     "sasl_plain_password": client_kwargs.get("sasl_plain_password")}
     consumer = AIOKafkaConsumer(bootstrap_servers=client_kwargs["bootstrap_servers"], enable_auto_commit=False,
-                                group_id=None, auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 20,
-                                fetch_max_bytes=64 << 20,
+                                group_id=None, auto_offset_reset="earliest", **consumer_config(max_record_bytes),
                                 **{k: v for k, v in security.items() if v is not None})
     tp = TopicPartition(topic, partition)
     records: list[TurnRecord] = []
@@ -123,8 +150,10 @@ def _as_record(message: Any) -> TurnRecord:
 def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, turns_partitions: int,
               window_seconds: float = 60.0, grace_seconds: float = 10.0, data_dir: str | None = None,
               stats_interval_s: float = 30.0, commit_interval_s: float = 1.0, replication_factor: int = 1,
+              episodes_partitions: int = 1, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
               on_fatal: Callable[[BaseException, str], None] = exit_on_fatal) -> StreamApp:
-    """The stream worker's app; ``turns_partitions`` must be rollout.turns' partition count."""
+    """The stream worker's app; ``turns_partitions`` and ``episodes_partitions`` must be the partition
+    counts of rollout.turns and rollout.episodes."""
     servers = [s.strip() for s in str(client_kwargs["bootstrap_servers"]).split(",") if s.strip()]
     app = faust.App(
         app_id, broker=[f"kafka://{s}" for s in servers], broker_credentials=broker_credentials(client_kwargs),
@@ -133,22 +162,29 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         topic_disable_leader=True, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
         broker_commit_interval=commit_interval_s, broker_session_timeout=10.0, broker_heartbeat_interval=3.0,
         broker_max_poll_interval=300.0, broker_rebalance_timeout=60.0, broker_request_timeout=90.0,
-        producer_acks=-1, producer_max_request_size=64 << 20, producer_max_batch_size=1 << 20,
-        consumer_max_fetch_size=64 << 20,
+        producer_acks=-1, producer_max_batch_size=1 << 20, **faust_config(max_record_bytes),
         stream_wait_empty=False, web_enabled=False, web_bind="127.0.0.1", web_port=6066,
         worker_redirect_stdouts=False,
     )
     source = app.topic(topics.turns, schema=faust.Schema(**_RAW))
     # bytes key/value types make Faust use the raw codec on both the write and the recovery path
     table = app.Table(TABLE_NAME, partitions=turns_partitions, key_type=bytes, value_type=bytes,
+                      extra_topic_configs=topic_config(max_record_bytes),
                       help="episode indexes, stored turns, window entries (streams.processor)")
 
     async def send(topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], *,
-                   wait: bool) -> Any:
+                   wait: bool, partition: int | None = None) -> Any:
+        try:
+            future = await app.producer.send(topic, key, value, partition, None, headers)
+        except Exception as exc:
+            if _is_too_large(exc):
+                raise RecordTooLargeError(f"the producer refused the record for its size: {exc!r}") from exc
+            raise
+        delivery = asyncio.ensure_future(_delivered(future))
         if wait:
-            await app.producer.send_and_wait(topic, key, value, None, None, headers)
+            await delivery
             return None
-        return await app.producer.send(topic, key, value, None, None, headers)
+        return delivery
 
     changelog = table.changelog_topic.get_topic_name()
 
@@ -156,11 +192,12 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         await app.producer.send(changelog, key, value, partition, None, None)
 
     async def fetch(topic: str, partition: int, start: int, end: int) -> list[TurnRecord]:
-        return await fetch_range(client_kwargs, topic, partition, start, end)
+        return await fetch_range(client_kwargs, topic, partition, start, end, max_record_bytes=max_record_bytes)
 
     state = ChangelogState(table.data, publish_changelog)
     processor = TurnProcessor(state, send, topics, window_ms=max(1, int(round(window_seconds * 1000))),
-                              grace_ms=int(round(grace_seconds * 1000)), fetch=fetch)
+                              grace_ms=int(round(grace_seconds * 1000)), fetch=fetch,
+                              turns_partitions=turns_partitions, episodes_partitions=episodes_partitions)
 
     @app.agent(source, name="merge_turns")
     async def merge_turns(stream: Any) -> None:

@@ -18,8 +18,9 @@ Contract:
 
   A higher attempt starting at turn 0 discards the older attempt: ``Decision.discard`` lists the
   turn keys to delete.
-* ``finished_index(index, last_turn)`` is the marker kept after emission, so late turns are told
-  apart from redeliveries. ``share_final_reward(segments, final)`` gives every sibling segment the
+* ``finished_index(index, partition, final_offset)`` is the marker kept after emission (or
+  abandonment), so late turns are told apart from redeliveries; it is pruned once the partition
+  has moved far past it (``streams.finished_markers``). ``share_final_reward(segments, final)`` gives every sibling segment the
   final turn's reward, which the trainer requires of one rollout.
 
 Decision where the contract is silent: turns of an older attempt are ignored and counted, for
@@ -48,28 +49,40 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class EpisodeIndex:
-    """What the stage remembers of an episode between turns (a few dozen bytes)."""
+    """What the stage remembers of an episode between turns (a few dozen bytes).
+
+    A finished marker also holds the source ``partition`` and ``final_offset`` of the final turn,
+    so it can be pruned once the partition's position is far enough past it
+    (``streams.finished_markers``); -1 where unknown (an open episode, or an older marker).
+    """
 
     attempt: int
     next_turn: int
     finished: bool = False
     group_size: int = 1
+    partition: int = -1
+    final_offset: int = -1
 
     def to_bytes(self) -> bytes:
-        return json.dumps([self.attempt, self.next_turn, int(self.finished), self.group_size],
-                          separators=(",", ":")).encode()
+        values = [self.attempt, self.next_turn, int(self.finished), self.group_size]
+        if self.final_offset >= 0:
+            values += [self.partition, self.final_offset]
+        return json.dumps(values, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
         """Strict inverse of ``to_bytes``; ContractError on anything else."""
+        shape = "[attempt, next_turn, finished, group_size] or [..., partition, final_offset]"
         try:
-            attempt, next_turn, finished, group_size = json.loads(raw)
+            values = json.loads(raw)
         except (ValueError, TypeError) as exc:
-            raise ContractError(must_be("episode index", "[attempt, next_turn, finished, group_size]", raw)) from exc
-        values = (attempt, next_turn, finished, group_size)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or finished > 1:
-            raise ContractError(must_be("episode index", "four non-negative integers", raw))
-        return cls(attempt, next_turn, bool(finished), group_size)
+            raise ContractError(must_be("episode index", shape, raw)) from exc
+        if not isinstance(values, list) or len(values) not in (4, 6):
+            raise ContractError(must_be("episode index", shape, raw))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or values[2] > 1:
+            raise ContractError(must_be("episode index", "non-negative integers", raw))
+        attempt, next_turn, finished, group_size, *where = values
+        return cls(attempt, next_turn, bool(finished), group_size, *where)
 
 
 @dataclass(frozen=True)
@@ -137,9 +150,10 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     return _accept(headers)
 
 
-def finished_index(index: EpisodeIndex) -> EpisodeIndex:
-    """The marker left once the episode is emitted: same attempt and last turn, finished."""
-    return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size)
+def finished_index(index: EpisodeIndex, partition: int = -1, final_offset: int = -1) -> EpisodeIndex:
+    """The marker left once the episode is emitted: same attempt and last turn, finished, and
+    where its final turn was (for pruning)."""
+    return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size, partition, final_offset)
 
 
 def share_final_reward(segments: list[Sample], final: Sample) -> list[Sample]:

@@ -25,6 +25,20 @@ Contract:
 * Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
   rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
   headers, validation, merge) are caught; anything else propagates to the caller.
+* An episode that will never be emitted is said so on rollout.episodes with an ``abandoned``
+  control record (``records.Abandoned``, keyed by the rollout key): when its final turn is
+  dead-lettered (what is stored of it goes to the DLQ too, kind ``abandoned``), when it cannot be
+  merged, and when its episode record is over the size limit. The shard writer then completes the
+  group without it, from the log alone. The episode is marked finished like an emitted one.
+* Record sizes: an episode record the producer or broker refuses for its size is dead-lettered by
+  reference (value null, kind ``too_large``, the final turn's source and the offsets of its turns
+  in the reason) and abandoned; a dead-letter copy too large to write goes by reference too.
+  Never fatal.
+* An ``end-of-run`` control record (``records.EndOfRun``) on a turns partition is forwarded, once
+  every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
+  partition it came from.
+* Finished markers are pruned once the partition's recorded position is ``finished_retention``
+  records past their final turn (``streams.finished_markers`` says why that loses nothing).
 """
 
 from __future__ import annotations
@@ -39,16 +53,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rollout_bus.codec import decode_samples
-from rollout_bus.dead_letter import DeadLetter, source_of
-from rollout_bus.episode_stats import adapter_scope, get_rollout_key
-from rollout_bus.errors import CodecError, ContractError
-from rollout_bus.records import TURN_FIELDS, EpisodeInfo, TurnHeaders, encode_episode
+from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter
+from rollout_bus.episode_stats import adapter_scope
+from rollout_bus.errors import ContractError, RecordTooLargeError
+from rollout_bus.records import (CONTROL_END_OF_RUN, END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo,
+                                 TurnHeaders, control_kind, encode_episode, parse_rollout_key)
 from rollout_bus.sample import Sample
-from rollout_bus.topics import Topics, rollout_key_string
+from rollout_bus.topics import Topics
 from rollout_bus.turns import merge_samples
 from streams.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
                                    share_final_reward, turn_key)
+from streams.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
 from streams.state import ChangelogState
+from streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from streams.windows import (PartitionWindows, WindowEntry, closed_key, window_bounds, window_key, window_record,
                              window_record_key)
 
@@ -60,10 +77,13 @@ _PREFIX = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
 
 class Sender(Protocol):
     """Publishes one record; ``wait`` awaits the broker's acknowledgement, else the delivery
-    future is returned (or None where there is no broker, as in an offline replay)."""
+    future is returned (or None where there is no broker, as in an offline replay). ``partition``
+    None partitions by key. A record over the size limit raises ``RecordTooLargeError`` (at the
+    call, or from the delivery future); outages are waited out by the sender, never raised."""
 
     async def __call__(self, topic: str, key: bytes | None, value: bytes | None,
-                       headers: list[tuple[str, bytes]], *, wait: bool) -> Awaitable[Any] | None: ...
+                       headers: list[tuple[str, bytes]], *, wait: bool,
+                       partition: int | None = None) -> Awaitable[Any] | None: ...
 
 
 MAX_IN_FLIGHT = 256  # finals whose episode records may be unacknowledged at once
@@ -71,12 +91,14 @@ MAX_IN_FLIGHT = 256  # finals whose episode records may be unacknowledged at onc
 
 @dataclass
 class _InFlight:
-    """A final whose episode record is sent; ``effects`` run once the broker acknowledges it."""
+    """A final whose episode record is sent; ``effects`` run once the broker acknowledges it,
+    ``too_large`` instead when the broker refuses the record for its size."""
 
     partition: int
     key: bytes
     delivery: Awaitable[Any] | None
     effects: Callable[[], Awaitable[None]]
+    too_large: Callable[[BaseException], Awaitable[None]]
 
 
 class Fetch(Protocol):
@@ -94,23 +116,6 @@ def position_key(partition: int) -> bytes:
     return b"o|%d" % partition
 
 
-@dataclass(frozen=True)
-class TurnRecord:
-    """The parts of a rollout.turns record the stage uses."""
-
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]]
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-
-    @property
-    def source(self) -> str:
-        return source_of(self.topic, self.partition, self.offset)
-
-
 class Outcomes(Counter):
     """Counts of every outcome; ``dlq.<kind>`` per dead-letter kind."""
 
@@ -118,45 +123,15 @@ class Outcomes(Counter):
         return " ".join(f"{name}={count}" for name, count in sorted(self.items())) or "turns_received=0"
 
 
-class _Rejected(Exception):
-    """A record the stage refuses: its DLQ kind and reason."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind, self.reason = kind, reason
-
-
-def _parse(record: TurnRecord) -> tuple[TurnHeaders, Sample]:
-    """Headers and the one turn sample of a record; ``_Rejected`` says what is wrong."""
-    if not record.key:
-        raise _Rejected("key", "record has no key (expected the rollout key)")
-    try:
-        headers = TurnHeaders.from_kafka(record.headers)
-    except ContractError as exc:
-        raise _Rejected("headers", str(exc)) from exc
-    try:
-        samples, _ = decode_samples(record.value if record.value is not None else b"", TURN_FIELDS)
-    except CodecError as exc:
-        raise _Rejected("decode", str(exc)) from exc
-    if len(samples) != 1:
-        raise _Rejected("validation", f"a turn record must hold exactly 1 sample (got {len(samples)})")
-    sample = samples[0]
-    try:
-        sample.validate()
-    except ValueError as exc:
-        raise _Rejected("validation", str(exc)) from exc
-    expected = rollout_key_string(get_rollout_key(sample, 0)).encode()
-    if expected != record.key:
-        raise _Rejected("key", f"record key {record.key[:200]!r} is not the sample's rollout key {expected!r}")
-    return headers, sample
-
-
 class TurnProcessor:
     """Applies turns to the state table and publishes episodes, window metrics and dead letters."""
 
     def __init__(self, table: ChangelogState, send: Sender, topics: Topics, *, window_ms: int, grace_ms: int,
-                 fetch: Fetch | None = None) -> None:
+                 fetch: Fetch | None = None, turns_partitions: int = 1, episodes_partitions: int = 1,
+                 finished_retention: int = FINISHED_RETENTION_RECORDS) -> None:
         self.table, self.send, self.topics = table, send, topics
+        self.turns_partitions, self.episodes_partitions = turns_partitions, episodes_partitions
+        self.markers = FinishedMarkers(finished_retention)
         self.fetch = fetch or _no_fetch
         self.lock = asyncio.Lock()  # the agent and the idle check take turns on the state
         self._started = time.monotonic()
@@ -176,6 +151,7 @@ class TurnProcessor:
         self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
         self._in_flight_keys.clear()
         self._next_offset.clear()
+        self.markers.forget()
 
     async def handle(self, record: TurnRecord) -> None:
         """Process one record (and any its partition skipped) to exactly one counted outcome each."""
@@ -189,15 +165,19 @@ class TurnProcessor:
             return
         in_flight, self._in_flight = self._in_flight, []
         self._in_flight_keys.clear()
-        deliveries = [f.delivery for f in in_flight if f.delivery is not None]
-        if deliveries:
-            await asyncio.gather(*deliveries)  # a failed delivery raises: the worker crashes and replays
+        sent = [f for f in in_flight if f.delivery is not None]
+        results = dict(zip(map(id, sent), await asyncio.gather(*(f.delivery for f in sent), return_exceptions=True)))
+        for result in results.values():  # any other failed delivery: the worker crashes and replays
+            if isinstance(result, BaseException) and not isinstance(result, RecordTooLargeError):
+                raise result
         for final in in_flight:
             self.table.bind(final.partition)
-            await final.effects()
+            result = results.get(id(final))
+            await (final.too_large(result) if isinstance(result, RecordTooLargeError) else final.effects())
         for partition in sorted({f.partition for f in in_flight}):
             self.table.bind(partition)
             self.table[position_key(partition)] = b"%d" % self._next_offset[partition]
+            self._prune_finished(partition, self._next_offset[partition])
         await self.table.flush()
 
     async def drain_idle(self) -> None:
@@ -259,22 +239,58 @@ class TurnProcessor:
 
     async def _process(self, record: TurnRecord) -> None:
         """The record's outcome, the windows it made due, then its position; then flush the state."""
-        self.outcomes["turns_received"] += 1
         windows = self._windows_of(record.partition)
         windows.observe(record.timestamp_ms)
-        try:
-            headers, sample = _parse(record)
-            raw_index = self.table.get(index_key(record.key))
-            index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
-            decision = decide(index, headers)
-            await self._apply(decision, record, headers, sample)
-        except _Rejected as rejected:
-            await self._dead_letter(record, rejected.kind, rejected.reason)
+        control = control_kind(record.headers)
+        if control is None:
+            await self._turn(record)
+        else:
+            await self._control(record, control)
         await self._close_due(record.partition, windows)
         self._next_offset[record.partition] = record.offset + 1
         if not any(f.partition == record.partition for f in self._in_flight):
             self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
+            self._prune_finished(record.partition, record.offset + 1)
         await self.table.flush()
+
+    async def _turn(self, record: TurnRecord) -> None:
+        """One turn record to its outcome; a dead-lettered final turn abandons its episode."""
+        self.outcomes["turns_received"] += 1
+        headers = None
+        try:
+            headers = parse_headers(record)
+            sample = parse_sample(record)
+            raw_index = self.table.get(index_key(record.key))
+            index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
+            decision = decide(index, headers)
+            await self._apply(decision, record, headers, sample)
+        except Rejected as rejected:
+            await self._dead_letter(record, rejected.kind, rejected.reason)
+            if headers is not None and headers.final:
+                await self._abandon(record, headers, rejected.kind, rejected.reason)
+
+    async def _control(self, record: TurnRecord, control: str) -> None:
+        """An end-of-run marker is forwarded to every rollout.episodes partition, after every
+        episode of its partition is acknowledged (so a reader that sees it has seen them all)."""
+        self.outcomes["control_records"] += 1
+        if control != CONTROL_END_OF_RUN:
+            await self._dead_letter(record, "control", f"control record {control!r} is not one rollout.turns "
+                                                       f"carries (expected {CONTROL_END_OF_RUN!r})")
+            return
+        try:
+            marker = EndOfRun.from_value(record.value)
+        except ContractError as exc:
+            await self._dead_letter(record, "control", str(exc))
+            return
+        await self.drain()
+        self.table.bind(record.partition)
+        forwarded = marker.forwarded(record.partition, self.turns_partitions)
+        for partition in range(self.episodes_partitions):
+            await self.send(self.topics.episodes, END_OF_RUN_KEY, forwarded.value(), forwarded.headers(), wait=True,
+                            partition=partition)
+        self.outcomes["end_of_run_forwarded"] += 1
+        logger.info("end of run run=%s partition=%d offset=%d forwarded to %d episode partitions", marker.run,
+                    record.partition, record.offset, self.episodes_partitions)
 
     async def _apply(self, decision: Decision, record: TurnRecord, headers: TurnHeaders, sample: Sample) -> None:
         if decision.action in (Action.DUPLICATE, Action.SUPERSEDED):
@@ -283,7 +299,7 @@ class TurnProcessor:
                          decision.reason)
             return
         if decision.action is Action.DLQ:
-            raise _Rejected(decision.kind, decision.reason)
+            raise Rejected(decision.kind, decision.reason)
         if decision.discard_attempt is not None:
             for turn in range(decision.discard_turns):
                 self._delete(turn_key(record.key, decision.discard_attempt, turn))
@@ -318,7 +334,7 @@ class TurnProcessor:
         try:
             stored = self._stored_turns(record.key, headers.attempt, headers.turn)
         except ContractError as exc:
-            raise _Rejected("state", str(exc)) from exc
+            raise Rejected("state", str(exc)) from exc
         try:
             turns = [decode_samples(payload, TURN_FIELDS)[0][0] for _, _, payload in stored] + [final]
             segments = share_final_reward(merge_samples(turns), final)
@@ -327,34 +343,104 @@ class TurnProcessor:
             return
         info = EpisodeInfo(attempt=headers.attempt, turns=headers.turn + 1, group_size=headers.group_size,
                            final_sent_at_ms=headers.sent_at_ms, event_time_ms=record.timestamp_ms)
-        delivery = await self.send(self.topics.episodes, record.key, encode_episode(segments, info), info.headers(),
-                                   wait=False)
-        self.outcomes["episodes_emitted"] += 1
-        self.outcomes["turns_merged"] += len(turns)
-        if len(segments) > 1:
-            self.outcomes["episodes_with_siblings"] += 1
+        value = encode_episode(segments, info)
+
+        async def too_large(exc: BaseException) -> None:
+            reason = (f"episode record of {len(value)} bytes is over the size limit ({exc}); dead-lettered by "
+                      f"reference: its turns are at {record.topic}:{record.partition} offsets "
+                      f"{[offset for offset, _, _ in stored] + [record.offset]}")
+            await self._dead_letter(record, "too_large", reason, by_reference=True)
+            await self._send_abandoned(record, headers, "too_large", reason)
+            self._finish(index, record.key, headers, record)
+            self.outcomes["episodes_too_large"] += 1
+
+        try:
+            delivery = await self.send(self.topics.episodes, record.key, value, info.headers(), wait=False)
+        except RecordTooLargeError as exc:
+            await too_large(exc)
+            return
 
         async def effects() -> None:
+            self.outcomes["episodes_emitted"] += 1
+            self.outcomes["turns_merged"] += len(turns)
+            if len(segments) > 1:
+                self.outcomes["episodes_with_siblings"] += 1
             await self._count_in_window(record, segments)
-            self._finish(index, record.key, headers)
+            self._finish(index, record.key, headers, record)
 
-        self._in_flight.append(_InFlight(record.partition, record.key, delivery, effects))
+        self._in_flight.append(_InFlight(record.partition, record.key, delivery, effects, too_large))
         self._in_flight_keys.add(record.key)
 
-    def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders) -> None:
-        self.table[index_key(key)] = finished_index(index).to_bytes()
+    def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders, final: TurnRecord) -> None:
+        """Leave the finished marker (where the final turn was, for pruning); forget the stored turns."""
+        self.table[index_key(key)] = finished_index(index, final.partition, final.offset).to_bytes()
+        self.markers.add(final.partition, final.offset, key)
         for turn in range(headers.turn):
             self._delete(turn_key(key, headers.attempt, turn))
 
+    async def _abandon(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
+        """A dead-lettered final turn ends its episode: what is stored of it goes to the DLQ too, and an
+        ``abandoned`` record tells the shard writer the episode will never come (its group completes
+        without it). Nothing happens for an episode already finished, or a key that names no group."""
+        try:
+            parse_rollout_key(record.key)
+        except ContractError:
+            logger.warning("final turn at %s names no rollout group: no abandoned record", record.source)
+            return
+        raw = self.table.get(index_key(record.key))
+        index = EpisodeIndex.from_bytes(raw) if raw is not None else None
+        if index is not None and index.finished:
+            return
+        if index is not None:
+            why = f"episode abandoned: its final turn ({record.source}) was dead-lettered ({kind}): {reason}"
+            for turn in range(index.next_turn):
+                stored = self.table.get(turn_key(record.key, index.attempt, turn))
+                if stored is not None:
+                    await self._dead_letter(self._stored_record(record, index.attempt, turn, stored, headers),
+                                            "abandoned", why)
+                    self._delete(turn_key(record.key, index.attempt, turn))
+        await self._send_abandoned(record, headers, kind, reason)
+        opened = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size)
+        self._finish(opened, record.key, headers, record)
+
+    async def _send_abandoned(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
+        marker = Abandoned(headers.attempt, headers.group_size, kind, reason[:MAX_REASON_CHARS], record.source)
+        await self.send(self.topics.episodes, record.key, marker.value(), marker.headers(), wait=True)
+        self.outcomes["episodes_abandoned"] += 1
+
+    @staticmethod
+    def _stored_record(final: TurnRecord, attempt: int, turn: int, stored: bytes, headers: TurnHeaders) -> TurnRecord:
+        """A stored turn as the record it came from (for the DLQ)."""
+        offset, sent_at = _PREFIX.unpack_from(stored)
+        original = TurnHeaders(turn, attempt, False, headers.group_size, sent_at).to_kafka()
+        return TurnRecord(final.key, stored[_PREFIX.size:], original, final.topic, final.partition, offset,
+                          final.timestamp_ms)
+
+    def _prune_finished(self, partition: int, position: int) -> None:
+        """Delete finished markers far behind the partition's recorded position (``finished_markers``)."""
+        if not self.markers.loaded(partition):
+            found = []
+            for key in [k for k in self.table.keys() if k.startswith(b"e|")]:
+                index = EpisodeIndex.from_bytes(self.table[key])
+                if index.finished and index.partition == partition and index.final_offset >= 0:
+                    found.append((index.final_offset, key[2:]))
+            self.markers.load(partition, found)
+        for final_offset, key in self.markers.due(partition, position):
+            raw = self.table.get(index_key(key))
+            if raw is not None and EpisodeIndex.from_bytes(raw).final_offset == final_offset:
+                self._delete(index_key(key))
+                self.outcomes["finished_markers_pruned"] += 1
+
     async def _reject_episode(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders,
                               stored: list[tuple[int, int, bytes]], reason: str) -> None:
-        """Every turn of an unmergeable episode goes to the DLQ; the episode is marked finished."""
+        """Every turn of an unmergeable episode goes to the DLQ; the episode is abandoned and marked finished."""
         for turn, (offset, sent_at, payload) in enumerate(stored):
             original = TurnHeaders(turn, headers.attempt, False, headers.group_size, sent_at).to_kafka()
             await self._dead_letter(TurnRecord(record.key, payload, original, record.topic, record.partition,
                                                offset, record.timestamp_ms), "merge", reason)
         await self._dead_letter(record, "merge", reason)
-        self._finish(index, record.key, headers)
+        await self._send_abandoned(record, headers, "merge", reason)
+        self._finish(index, record.key, headers, record)
 
     async def _count_in_window(self, record: TurnRecord, segments: list[Sample]) -> None:
         window = window_bounds(record.timestamp_ms, self.window_ms)
@@ -411,15 +497,19 @@ class TurnProcessor:
             self._partitions[partition] = windows
         return windows
 
-    async def _dead_letter(self, record: TurnRecord, kind: str, reason: str) -> None:
-        letter = DeadLetter(record.key, record.value, list(record.headers), reason, STAGE, kind, record.source)
-        await self.send(self.topics.dlq, record.key, record.value, letter.record_headers(), wait=True)
+    async def _dead_letter(self, record: TurnRecord, kind: str, reason: str, *, by_reference: bool = False) -> None:
+        """The record, with why, to the DLQ; one too large to copy goes by reference (value null, kind
+        ``too_large``, the original at ``dlq.source``)."""
+        value = None if by_reference else record.value
+        letter = DeadLetter(record.key, value, list(record.headers), reason, STAGE, kind, record.source)
+        try:
+            await self.send(self.topics.dlq, record.key, value, letter.record_headers(), wait=True)
+        except RecordTooLargeError as exc:
+            if by_reference:
+                raise
+            size = len(record.value or b"")
+            await self._dead_letter(record, "too_large", f"too large to copy ({size} bytes: {exc}); the original is "
+                                                         f"at {record.source}; {kind}: {reason}", by_reference=True)
+            return
         self.outcomes[f"dlq.{kind}"] += 1
         logger.warning("dead letter kind=%s source=%s reason=%s", kind, record.source, reason[:300])
-
-
-def to_record(message: Any) -> TurnRecord:
-    """A Faust/aiokafka message as a ``TurnRecord`` (timestamps in ms)."""
-    headers = [(k, bytes(v) if v is not None else b"") for k, v in (message.headers or [])]
-    return TurnRecord(message.key, message.value, headers, message.topic, message.partition, message.offset,
-                      int(round(message.timestamp * 1000)))

@@ -21,6 +21,7 @@ import faust
 
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES
 from rollout_bus.topics import Topics
 from streams.app import build_app
 
@@ -46,17 +47,20 @@ def topic_partitions(client_kwargs: dict[str, Any], topic: str, timeout_s: float
 
 def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, window_seconds: float = 60.0,
                grace_seconds: float = 10.0, data_dir: str | None = None, stats_interval_s: float = 30.0,
-               commit_interval_s: float = 1.0, replication_factor: int = 1) -> int:
+               commit_interval_s: float = 1.0, replication_factor: int = 1,
+               max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
     """Run one stream worker until it is stopped; returns the process exit status."""
     if not data_dir:  # Faust's default is a directory under the current one
         data_dir = os.path.join(tempfile.gettempdir(), "rollout-bus-stream", app_id)
     os.makedirs(data_dir, exist_ok=True)
-    ensure_topics(client_kwargs, topics, replication_factor=replication_factor)
+    ensure_topics(client_kwargs, topics, replication_factor=replication_factor, max_record_bytes=max_record_bytes)
     partitions = topic_partitions(client_kwargs, topics.turns)
     stream_app = build_app(app_id=app_id, client_kwargs=client_kwargs, topics=topics, turns_partitions=partitions,
                            window_seconds=window_seconds, grace_seconds=grace_seconds, data_dir=data_dir,
                            stats_interval_s=stats_interval_s, commit_interval_s=commit_interval_s,
-                           replication_factor=replication_factor)
+                           replication_factor=replication_factor,
+                           episodes_partitions=topic_partitions(client_kwargs, topics.episodes),
+                           max_record_bytes=max_record_bytes)
     logger.info("stream worker starting app_id=%s topic=%s partitions=%d window_s=%s grace_s=%s", app_id,
                 topics.turns, partitions, window_seconds, grace_seconds)
     # Logging stays as the caller configured it; no terminal spinner in logs.

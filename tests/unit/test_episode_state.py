@@ -10,8 +10,9 @@ import pytest
 
 from rollout_bus.codec import decode_samples
 from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.errors import ContractError
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, decode_episode
+from rollout_bus.errors import ContractError, RecordTooLargeError
+from rollout_bus.records import (END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, TurnHeaders, control_kind,
+                                 decode_episode)
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 from rollout_bus.codec import encode_samples
@@ -118,11 +119,24 @@ def _episode(rollout_id: int, turns: int, compact_at: int | None = None) -> list
 
 
 class _Sink:
-    def __init__(self):
-        self.sent: list[tuple[str, bytes, bytes, list]] = []
+    """Records what the processor sends; ``refuse_over`` bytes raises RecordTooLargeError as a producer would
+    (``at_delivery``: from the delivery future instead, as a broker's refusal arrives)."""
 
-    async def __call__(self, topic, key, value, headers, *, wait):
+    def __init__(self, refuse_over: int | None = None, at_delivery: bool = False):
+        self.sent: list[tuple[str, bytes, bytes, list]] = []
+        self.partitions: list[int | None] = []
+        self.refuse_over, self.at_delivery = refuse_over, at_delivery
+
+    async def __call__(self, topic, key, value, headers, *, wait, partition=None):
+        if self.refuse_over is not None and value is not None and len(value) > self.refuse_over:
+            error = RecordTooLargeError(f"{len(value)} bytes > {self.refuse_over}")
+            if not self.at_delivery or wait:
+                raise error
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(error)
+            return future
         self.sent.append((topic, key, value, headers))
+        self.partitions.append(partition)
 
     def on(self, topic):
         return [s for s in self.sent if s[0] == topic]
@@ -147,11 +161,11 @@ def _run(processor: TurnProcessor, records: list[TurnRecord]) -> None:
     asyncio.run(go())
 
 
-def _processor(store=None):
-    sink = _Sink()
+def _processor(store=None, sink=None, **options):
+    sink = sink or _Sink()
     topics = Topics(prefix="u.")
     state = ChangelogState({} if store is None else store)
-    return TurnProcessor(state, sink, topics, window_ms=60_000, grace_ms=0), sink, topics
+    return TurnProcessor(state, sink, topics, window_ms=60_000, grace_ms=0, **options), sink, topics
 
 
 def test_processor_emits_the_merge_of_an_episodes_turns_with_one_reward():
@@ -276,7 +290,9 @@ def test_processor_dead_letters_every_turn_of_an_episode_that_cannot_merge():
     letters = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
     assert [(d.kind, d.source) for d in letters] == [("merge", "turns:0:0"), ("merge", "turns:0:1")]
     assert decode_samples(letters[0].value, TURN_FIELDS)[0][0] == turns[0]
-    assert sink.on(topics.episodes) == []
+    (_, key, value, headers), = sink.on(topics.episodes)  # no episode: an abandoned record says why
+    assert control_kind(headers) == "abandoned" and key == _records(turns)[0].key
+    assert Abandoned.from_value(value).kind == "merge" and Abandoned.from_value(value).source == "turns:0:1"
 
 
 def test_processor_skips_records_below_its_recorded_position():
@@ -320,3 +336,113 @@ def test_an_idle_partition_behind_its_end_reads_the_undelivered_records():
     asyncio.run(processor.catch_up_idle("turns", {0: 3}, idle_s=0.0))
     (_, _, value, _), = sink.on(topics.episodes)
     assert decode_episode(value)[1].turns == 3 and processor.outcomes["records_caught_up"] == 2
+
+
+def _abandoned(sink, topics):
+    return [(key, Abandoned.from_value(value)) for _, key, value, headers in sink.on(topics.episodes)
+            if control_kind(headers) == "abandoned"]
+
+
+def test_a_dead_lettered_final_turn_abandons_its_episode_and_dead_letters_what_was_stored():
+    processor, sink, topics = _processor()
+    records = _records(_episode(10, 3))
+    broken = TurnRecord(records[2].key, b"not a payload", records[2].headers, "turns", 0, 2, 1_002)
+    _run(processor, records[:2] + [broken, broken])  # the broken final, then a redelivery of it
+    (key, marker), = _abandoned(sink, topics)
+    assert key == records[0].key and (marker.kind, marker.attempt, marker.group_size) == ("decode", 0, 2)
+    letters = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
+    assert sorted((d.kind, d.source) for d in letters) == [("abandoned", "turns:0:0"), ("abandoned", "turns:0:1"),
+                                                           ("decode", "turns:0:2")]
+    assert not any(k.startswith(b"t|") for k in processor.table)  # nothing of it stays in the state
+    assert EpisodeIndex.from_bytes(processor.table[index_key(key)]).finished
+    assert processor.outcomes["replays_skipped"] == 1  # the redelivery changed nothing
+
+
+def test_a_final_turn_that_skips_a_turn_abandons_the_episode_but_a_dead_lettered_middle_turn_does_not():
+    processor, sink, topics = _processor()
+    records = _records(_episode(11, 3))
+    broken_middle = TurnRecord(records[1].key, b"garbage", records[1].headers, "turns", 0, 1, 1_001)
+    _run(processor, [records[0], broken_middle])
+    assert _abandoned(sink, topics) == []
+    _run(processor, [records[2]])  # turn 2 final, turn 1 never stored: a gap, and the end of the episode
+    (_, marker), = _abandoned(sink, topics)
+    assert marker.kind == "gap"
+
+
+def test_a_final_turn_with_a_key_that_names_no_group_is_dead_lettered_without_an_abandoned_record():
+    processor, sink, topics = _processor()
+    record = _records(_episode(12, 1))[0]
+    _run(processor, [TurnRecord(b"no-group", b"x", record.headers, "turns", 0, 0, 1)])
+    assert _abandoned(sink, topics) == [] and len(sink.on(topics.dlq)) == 1
+
+
+@pytest.mark.parametrize("at_delivery", [False, True], ids=["refused-by-the-producer", "refused-by-the-broker"])
+def test_an_episode_over_the_size_limit_is_dead_lettered_by_reference_and_abandoned(at_delivery):
+    records = _records(_episode(13, 3))
+    limit = max(len(r.value) for r in records) + 100  # every turn fits; the merged episode does not
+    processor, sink, topics = _processor(sink=_Sink(refuse_over=limit, at_delivery=at_delivery))
+    _run(processor, records)
+    (letter,) = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
+    assert (letter.kind, letter.value, letter.source) == ("too_large", None, "turns:0:2")
+    assert "offsets [0, 1, 2]" in letter.reason
+    (_, marker), = _abandoned(sink, topics)
+    assert marker.kind == "too_large" and processor.outcomes["episodes_too_large"] == 1
+    assert processor.outcomes["episodes_emitted"] == 0 and not any(k.startswith(b"t|") for k in processor.table)
+
+
+def test_a_dead_letter_too_large_to_copy_goes_by_reference():
+    record = _records(_episode(14, 1))[0]
+    broken = TurnRecord(record.key, b"\0" * 5_000, record.headers, "turns", 0, 0, 1)
+    processor, sink, topics = _processor(sink=_Sink(refuse_over=1_000))
+    _run(processor, [broken])
+    (letter,) = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
+    assert letter.kind == "too_large" and letter.value is None and "5000 bytes" in letter.reason
+    assert "decode" in letter.reason
+
+
+def test_end_of_run_is_forwarded_to_every_episode_partition_after_the_partitions_episodes():
+    processor, sink, topics = _processor(turns_partitions=3, episodes_partitions=2)
+    records = _records(_episode(15, 2), partition=1)
+    marker = TurnRecord(END_OF_RUN_KEY, EndOfRun("run-a").value(), EndOfRun("run-a").headers(), "turns", 1, 2, 5)
+
+    async def go():
+        for record in records + [marker]:
+            await processor.handle(record)  # no drain in between: the final is still in flight
+    asyncio.run(go())
+    on_episodes = [(key, headers, part) for (topic, key, _, headers), part in zip(sink.sent, sink.partitions)
+                   if topic == topics.episodes]
+    assert [control_kind(h) for _, h, _ in on_episodes] == [None, "end-of-run", "end-of-run"]
+    assert [part for _, _, part in on_episodes[1:]] == [0, 1]
+    forwarded = EndOfRun.from_value([v for t, k, v, _ in sink.sent if k == END_OF_RUN_KEY][0])
+    assert forwarded == EndOfRun("run-a", 1, 3)
+    assert int(processor.table[position_key(1)]) == 3
+
+
+def test_a_malformed_control_record_is_dead_lettered():
+    processor, sink, topics = _processor()
+    _run(processor, [TurnRecord(END_OF_RUN_KEY, b"{}", EndOfRun("r").headers(), "turns", 0, 0, 1),
+                     TurnRecord(b"k", b"", [("control", b"pause")], "turns", 0, 1, 1)])
+    kinds = [DeadLetter.from_record(k, v, h).kind for _, k, v, h in sink.on(topics.dlq)]
+    assert kinds == ["control", "control"] and sink.on(topics.episodes) == []
+
+
+def test_finished_markers_are_pruned_behind_the_position_and_a_later_duplicate_is_emitted_again_with_its_attempt():
+    processor, sink, topics = _processor(finished_retention=4)
+    first = _records(_episode(16, 2))
+    later = [_records(_episode(17 + i, 1), start_offset=2 + i)[0] for i in range(4)]
+    _run(processor, first + later[:2])
+    assert index_key(first[0].key) in processor.table  # within the retention
+    _run(processor, later[2:])
+    assert index_key(first[0].key) not in processor.table and processor.outcomes["finished_markers_pruned"] == 1
+    again = _records(_episode(16, 2), start_offset=6)  # a producer publishes the episode again
+    _run(processor, again)
+    emitted = [(k, decode_episode(v)[1].attempt) for _, k, v, h in sink.on(topics.episodes)]
+    assert emitted.count((first[0].key, 0)) == 2  # the same (key, attempt): the shard writer drops it
+
+
+def test_pruning_resumes_from_the_table_after_a_reassignment():
+    processor, sink, topics = _processor(finished_retention=2)
+    _run(processor, _records(_episode(30, 1)) + _records(_episode(31, 1), start_offset=1))
+    processor.forget_partitions()  # a rebalance: the order is rebuilt from the markers in the table
+    _run(processor, _records(_episode(32, 1), start_offset=2) + _records(_episode(33, 1), start_offset=3))
+    assert processor.outcomes["finished_markers_pruned"] == 2
