@@ -1,0 +1,60 @@
+"""Record shapes: rollout keys parsed back, and the control records that close groups and runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_bus.errors import ContractError
+from rollout_bus.records import (Abandoned, EndOfRun, TurnHeaders, control_kind, parse_rollout_key)
+from rollout_bus.sample import AdapterRef
+from rollout_bus.topics import rollout_key_string
+
+
+@pytest.mark.parametrize("key", [
+    (AdapterRef("math", 1), "rollout", 3, 17),
+    (None, "rollout", 0, 0),
+    (None, "sample", 12, 5),
+    (AdapterRef('we"ird, name', 0), "rollout", 1, 2),
+])
+def test_a_rollout_key_string_parses_back_to_its_tuple(key):
+    assert parse_rollout_key(rollout_key_string(key).encode()) == key
+    assert parse_rollout_key(rollout_key_string(key)) == key
+
+
+@pytest.mark.parametrize("raw", [
+    None, b"", b"\xff\xfe", b"not json", b"[1,2,3,4]", b'{"a":1}',
+    b'[null,null,"rollout",-1,0]', b'[null,null,"position",1,0]', b'[null,null,"rollout",1.5,0]',
+    b'["a",null,"rollout",1,0]', b'[null,3,"rollout",1,0]', b'[null,null,"rollout",true,0]',
+    b'[null,null,"rollout",1,"x"]',
+])
+def test_a_key_that_is_not_a_rollout_key_is_refused_with_the_reason(raw):
+    with pytest.raises(ContractError, match="record key"):
+        parse_rollout_key(raw)
+
+
+def test_control_records_are_told_apart_from_data_records_by_their_header():
+    assert control_kind(TurnHeaders(0, 0, True, 1, 0).to_kafka()) is None
+    assert control_kind(None) is None
+    assert control_kind(EndOfRun("r").headers()) == "end-of-run"
+    assert control_kind(Abandoned(0, 2, "gap", "why", "t:0:1").headers()) == "abandoned"
+
+
+def test_control_records_round_trip():
+    marker = EndOfRun("run-7").forwarded(2, 4)
+    assert EndOfRun.from_value(marker.value()) == marker
+    assert EndOfRun.from_value(EndOfRun("x").value()) == EndOfRun("x")
+    abandoned = Abandoned(1, 4, "too_large", "over the limit", "turns:3:99")
+    assert Abandoned.from_value(abandoned.value()) == abandoned
+
+
+@pytest.mark.parametrize("cls, value", [
+    (EndOfRun, None), (EndOfRun, b"[]"), (EndOfRun, b"{}"), (EndOfRun, b'{"run": 3}'),
+    (EndOfRun, b'{"run": "r", "turns_partition": "1"}'),
+    (Abandoned, b'{"attempt": 0}'), (Abandoned, b"garbage"),
+    (Abandoned, b'{"attempt": -1, "group_size": 1, "kind": "k", "reason": "r", "source": "s"}'),
+    (Abandoned, b'{"attempt": 0, "group_size": 0, "kind": "k", "reason": "r", "source": "s"}'),
+    (Abandoned, b'{"attempt": true, "group_size": 1, "kind": "k", "reason": "r", "source": "s"}'),
+])
+def test_a_malformed_control_record_is_refused_naming_what_is_wrong(cls, value):
+    with pytest.raises(ContractError):
+        cls.from_value(value)
