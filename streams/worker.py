@@ -21,6 +21,7 @@ import faust
 
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES
 from rollout_bus.topics import Topics
 from streams.app import build_app
@@ -53,6 +54,7 @@ def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, wi
     if not data_dir:  # Faust's default is a directory under the current one
         data_dir = os.path.join(tempfile.gettempdir(), "rollout-bus-stream", app_id)
     os.makedirs(data_dir, exist_ok=True)
+    quiet_client_logs()  # aiokafka logs ~80 lines a second while a broker is down
     ensure_topics(client_kwargs, topics, replication_factor=replication_factor, max_record_bytes=max_record_bytes)
     partitions = topic_partitions(client_kwargs, topics.turns)
     stream_app = build_app(app_id=app_id, client_kwargs=client_kwargs, topics=topics, turns_partitions=partitions,
