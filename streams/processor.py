@@ -54,7 +54,6 @@ from typing import Any, Protocol
 
 from rollout_bus.codec import decode_samples
 from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter
-from rollout_bus.episode_stats import adapter_scope
 from rollout_bus.errors import ContractError, RecordTooLargeError
 from rollout_bus.records import (CONTROL_END_OF_RUN, END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo,
                                  TurnHeaders, control_kind, encode_episode, parse_rollout_key)
@@ -66,8 +65,7 @@ from streams.episode_state import (Action, Decision, EpisodeIndex, decide, finis
 from streams.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
 from streams.state import ChangelogState
 from streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
-from streams.windows import (PartitionWindows, WindowEntry, closed_key, window_bounds, window_key, window_record,
-                             window_record_key)
+from streams.window_metrics import WindowMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -136,18 +134,15 @@ class TurnProcessor:
         self.lock = asyncio.Lock()  # the agent and the idle check take turns on the state
         self._started = time.monotonic()
         self._last_seen: dict[int, float] = {}
-        self.window_ms, self.grace_ms = window_ms, grace_ms
         self.outcomes = Outcomes()
-        self._partitions: dict[int, PartitionWindows] = {}
-        self._entries: dict[bytes, WindowEntry] = {}  # decoded window entries, mirroring the table
+        self.windows = WindowMetrics(table, send, topics, self.outcomes, window_ms=window_ms, grace_ms=grace_ms)
         self._in_flight: list[_InFlight] = []
         self._in_flight_keys: set[bytes] = set()
         self._next_offset: dict[int, int] = {}  # ahead of the recorded position while finals are in flight
 
     def forget_partitions(self) -> None:
         """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
-        self._partitions.clear()
-        self._entries.clear()
+        self.windows.forget()
         self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
         self._in_flight_keys.clear()
         self._next_offset.clear()
@@ -239,14 +234,13 @@ class TurnProcessor:
 
     async def _process(self, record: TurnRecord) -> None:
         """The record's outcome, the windows it made due, then its position; then flush the state."""
-        windows = self._windows_of(record.partition)
-        windows.observe(record.timestamp_ms)
+        self.windows.of(record.partition).observe(record.timestamp_ms)
         control = control_kind(record.headers)
         if control is None:
             await self._turn(record)
         else:
             await self._control(record, control)
-        await self._close_due(record.partition, windows)
+        await self._close_due(record.partition)
         self._next_offset[record.partition] = record.offset + 1
         if not any(f.partition == record.partition for f in self._in_flight):
             self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
@@ -365,7 +359,7 @@ class TurnProcessor:
             self.outcomes["turns_merged"] += len(turns)
             if len(segments) > 1:
                 self.outcomes["episodes_with_siblings"] += 1
-            await self._count_in_window(record, segments)
+            await self.windows.count(record, segments)
             self._finish(index, record.key, headers, record)
 
         self._in_flight.append(_InFlight(record.partition, record.key, delivery, effects, too_large))
@@ -442,60 +436,12 @@ class TurnProcessor:
         await self._send_abandoned(record, headers, "merge", reason)
         self._finish(index, record.key, headers, record)
 
-    async def _count_in_window(self, record: TurnRecord, segments: list[Sample]) -> None:
-        window = window_bounds(record.timestamp_ms, self.window_ms)
-        windows = self._windows_of(record.partition)
-        if windows.is_late(window):
-            self.outcomes["window_late"] += 1
-            logger.warning("final turn after its window closed window=%d-%d partition=%d offset=%d",
-                           window[0], window[1], record.partition, record.offset)
-            return
-        adapter = adapter_scope(segments[0])
-        key = window_key(window[0], adapter, record.partition)
-        entry = self._entries.get(key)
-        if entry is None:
-            raw = self.table.get(key)
-            entry = WindowEntry.from_bytes(raw) if raw is not None else WindowEntry(*window, adapter, record.partition)
-        if not entry.absorb(record.offset, segments):
-            self.outcomes["window_replays_skipped"] += 1
-            return
-        self.table[key] = entry.to_bytes()
-        self._entries[key] = entry
-        windows.open[key] = entry.end_ms
-        self.outcomes["window_episodes"] += 1
-        await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=False), [],
-                        wait=False)
-
-    async def _close_due(self, partition: int, windows: PartitionWindows) -> None:
-        """Publish each window the watermark passed as closed (awaited), then delete its state."""
-        if self._in_flight and windows.due(self.grace_ms):
-            await self.drain()  # in-flight finals are counted in their windows before those close
+    async def _close_due(self, partition: int) -> None:
+        """Close the windows the watermark passed; in-flight finals are counted in their windows first."""
+        if self._in_flight and self.windows.any_due(partition):
+            await self.drain()
             self.table.bind(partition)
-        for key in windows.due(self.grace_ms):
-            raw = self.table.get(key)
-            entry = self._entries.pop(key, None)
-            if raw is not None:
-                entry = entry or WindowEntry.from_bytes(raw)
-                await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=True),
-                                [], wait=True)
-                del self.table[key]
-                logger.info("window closed window=%d-%d adapter=%s partition=%d episodes=%d", entry.start_ms,
-                            entry.end_ms, entry.adapter, partition, entry.stats.episodes)
-            windows.closed(key)
-            self.table[closed_key(partition)] = b"%d" % windows.closed_until_ms
-            self.outcomes["windows_closed"] += 1
-
-    def _windows_of(self, partition: int) -> PartitionWindows:
-        """This partition's bookkeeping, loaded from the table on first use after (re)assignment."""
-        windows = self._partitions.get(partition)
-        if windows is None:
-            raw = self.table.get(closed_key(partition))
-            windows = PartitionWindows(closed_until_ms=int(raw) if raw is not None else -1)
-            prefix = b"w|%d|" % partition
-            for key in [k for k in self.table.keys() if k.startswith(prefix)]:
-                windows.open[key] = WindowEntry.from_bytes(self.table[key]).end_ms
-            self._partitions[partition] = windows
-        return windows
+        await self.windows.close_due(partition)
 
     async def _dead_letter(self, record: TurnRecord, kind: str, reason: str, *, by_reference: bool = False) -> None:
         """The record, with why, to the DLQ; one too large to copy goes by reference (value null, kind
