@@ -11,7 +11,7 @@ from kafka.partitioner.default import murmur2
 
 from producers.publisher import TurnPublisher
 from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.kafka.limits import consumer_config, producer_config
+from rollout_bus.kafka.limits import consumer_config
 from rollout_bus.records import END_OF_RUN_KEY, Abandoned, EndOfRun, control_kind, decode_episode
 from rollout_bus.sample import Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
@@ -82,7 +82,7 @@ def test_an_episode_over_the_record_limit_is_dead_lettered_by_reference_and_aban
         del os.environ["ROLLOUT_BUS_MAX_RECORD_BYTES"]
     episodes, dlq = _reader(kafka_bootstrap, topics.episodes), _reader(kafka_bootstrap, topics.dlq)
     try:
-        _publish(kafka_bootstrap, topics, episode, **producer_config())
+        _publish(kafka_bootstrap, topics, episode)
         (marker,) = episodes.until(lambda rs: len(rs) >= 1, timeout_s=90)
         assert control_kind(marker.headers) == "abandoned" and Abandoned.from_value(marker.value).kind == "too_large"
         (letter,) = [DeadLetter.from_record(r.key, r.value, r.headers) for r in dlq.until(lambda rs: len(rs) >= 1)]
