@@ -8,9 +8,16 @@ Contract:
   (or whose manifest does not verify) loses its shard files, since such a batch was never
   complete. The writer then writes it again; in step mode with the same episodes, byte for byte.
 * ``manifest_extra(batch, ...)`` and ``batch_sources(batch, topic)`` build what the manifest holds
-  beyond the shard list: the batching mode, the groups (with ``complete``: a partial batch written
-  by an idle flush may hold incomplete groups), every episode with its rollout key, attempt and
-  source offset, and per partition the offset range the batch was read from.
+  beyond the shard list: the batching mode, the groups (with their ``episodes`` and ``abandoned``
+  counts and ``complete``: a partial batch written by the end-of-run flush may hold incomplete
+  groups), every episode with its rollout key, attempt and source offset, every abandoned episode
+  (``abandoned``: key, attempt, kind, reason, source, and where its record was read), and per
+  partition the offset range the batch was read from (abandoned records included). With the
+  abandoned episodes listed, a replay or a restart reaches the same decision from the log.
+* ``written_keys(out_dir, seq)`` reads back which rollout keys (and attempts) batch ``seq`` holds,
+  as episode or abandoned, from its manifest; None when the batch is not on disk (never written,
+  dead-lettered, or every group of it abandoned). The writer's batcher looks up batches it no
+  longer remembers with it.
 * ``announcement(manifest, batch_dir)`` is the rollout.shards value: the manifest plus ``dir``,
   ``manifest_path`` and ``manifest_sha256`` (of the manifest file's bytes).
   ``announced_ids(records)`` reads back which (dir, manifest_sha256) pairs were announced, so a
@@ -32,8 +39,8 @@ from consumers.batcher import Batch, GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.sample import AdapterRef
 from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.train_data import (MANIFEST_NAME, convert_samples_to_train_data, split_train_data_by_dp,
-                                    verify_batch, write_batch_shards)
+from rollout_bus.train_data import (MANIFEST_NAME, batch_path, convert_samples_to_train_data, read_manifest,
+                                    split_train_data_by_dp, verify_batch, write_batch_shards)
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +60,31 @@ class WrittenBatch:
     def episodes(self) -> list[tuple[str, int]]:
         return [(e["key"], int(e["attempt"])) for e in self.manifest.get("extra", {}).get("episodes", [])]
 
+    def keys(self) -> list[tuple[str, int]]:
+        """Every rollout key the batch decided on: its episodes and its abandoned episodes."""
+        return _manifest_keys(self.manifest)
+
     def groups(self) -> list[GroupKey]:
         out = []
         for g in self.manifest.get("extra", {}).get("groups", []):
             adapter = None if g.get("adapter") is None else AdapterRef(g["adapter"], int(g["adapter_slot"]))
             out.append((adapter, int(g["group_index"])))
         return out
+
+
+def _manifest_keys(manifest: dict[str, Any]) -> list[tuple[str, int]]:
+    extra = manifest.get("extra") or {}
+    return [(e["key"], int(e["attempt"])) for e in [*extra.get("episodes", []), *extra.get("abandoned", [])]]
+
+
+def written_keys(out_dir: str | os.PathLike[str], seq: int) -> dict[str, int] | None:
+    """{rollout key: attempt} of batch ``seq`` as its manifest lists them, or None when it is not on disk."""
+    try:
+        manifest = read_manifest(batch_path(out_dir, seq))
+    except ContractError as exc:
+        logger.warning("unreadable manifest of batch=%d: %s", seq, exc)
+        return None
+    return None if manifest is None else dict(_manifest_keys(manifest))
 
 
 def _is_temporary(path: Path) -> bool:
@@ -104,10 +130,10 @@ def scan_out_dir(out_dir: str | os.PathLike[str]) -> list[WrittenBatch]:
 
 
 def batch_sources(batch: Batch, topic: str) -> list[dict[str, Any]]:
-    """Per source partition: the first and last offset this batch's episodes were read from."""
+    """Per source partition: the first and last offset this batch's episodes (and abandoned records) were read from."""
     by_partition: dict[int, list[int]] = {}
-    for episode in batch.episodes:
-        by_partition.setdefault(episode.partition, []).append(episode.offset)
+    for member in batch.members():
+        by_partition.setdefault(member.partition, []).append(member.offset)
     return [{"topic": topic, "partition": p, "first_offset": min(o), "last_offset": max(o), "records": len(o)}
             for p, o in sorted(by_partition.items())]
 
@@ -122,6 +148,7 @@ def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[s
         "groups": [g.as_json() for g in batch.groups],
         "episodes": [{"key": e.key, "attempt": e.attempt, "partition": e.partition, "offset": e.offset,
                       "segments": len(e.segments)} for e in batch.episodes],
+        "abandoned": [a.as_json() for a in batch.abandoned],
     }
 
 

@@ -4,59 +4,97 @@ Contract (PIPELINE.md, consumers/):
 
 * Reads every partition of rollout.episodes with a kafka-python ``KafkaConsumer`` (manually
   assigned, ``enable_auto_commit=False``; the group id only stores offsets, so run one writer per
-  group id: groups span partitions). Each record goes through ``consumers.batcher``.
+  group id: groups span partitions). Each record is parsed (``consumers.episodes.parse_record``)
+  into an episode, an abandoned episode or an end-of-run marker; episodes and abandoned episodes
+  go through ``consumers.batcher``.
+* Batch boundaries depend only on the log, never on a clock. A step batch is written when every
+  group of its range is complete, where an ``abandoned`` record counts its episode as present:
+  the batch is written without the abandoned episodes and its manifest lists them, so a replay or
+  a restart reaches the same decision, byte for byte. A batch whose groups are all abandoned is
+  not written (logged, offsets released); its seq is absent from the output.
+* The final partial batch closes on the end-of-run markers (``consumers.end_of_run``): once every
+  rollout.episodes partition has carried the marker of every turns partition of a run, everything
+  pending is flushed as partial batches (``Batcher.flush``; episode-less ones skipped). Markers
+  are held uncommitted until that flush is written, so a crash before it re-reads them; a
+  duplicate marker is harmless.
 * A record that does not decode, or that the batcher rejects, goes to rollout.dlq
   (``DeadLetter``, stage ``shards``) and the loop goes on. Duplicates are dropped and counted.
+  A dead-letter copy the producer or broker refuses for its size goes by reference instead: same
+  key and headers, value null, kind ``too_large``, the reason giving the original's size and
+  ``dlq.source``. Never fatal.
 * A due batch is converted with ``convert_samples_to_train_data``. If that fails (the whole-batch
   sampling-mask check, or any other contract check), every episode of the batch goes to the DLQ,
   one dead letter each, with the original record, the error (position, sample_index, status) and
   that episode's batch positions; the loop goes on with the next batch.
 * A batch that passes is split across ``dp_size`` ranks and written with ``write_batch_shards``
   (shards, then ``manifest.json``, each atomic). Then the batch metrics record goes to
-  rollout.metrics and is flushed, then the manifest (``out_dir.announcement``) to rollout.shards,
-  key the batch seq, flushed (acks=all). Only then are offsets committed: per partition, the first
-  offset of an episode not yet in a written or dead-lettered batch.
+  rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
+  key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
+  first offset of a record not yet in a written, dead-lettered or skipped batch (or flush).
+* Every send is confirmed before offsets are committed past it (``consumers.delivery``): a send
+  that failed is sent again, so a manifest may appear twice on rollout.shards (readers dedupe by
+  the batch seq key), a batch-metrics record or a dead letter twice on theirs; nothing is lost.
+* Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
+  end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
+  flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
+  with backoff (``rollout_bus.kafka.retry``), one WARNING line per retry; a timeout never ends the
+  process. The producer keeps a record for up to an hour inside kafka-python before its future
+  fails (and the writer sends it again).
 * Effectively once. At start-up the writer scans ``--out`` (``out_dir.scan_out_dir``: temporary
   files and manifest-less batches removed), reads rollout.shards back, and announces each
   complete batch on disk that was never announced (a kill between manifest and announcement).
-  Episodes of a batch on disk count as written, so a batch is never written twice; anything not
-  in one is re-read from the committed offsets, and in step mode forms the same batch, byte for
-  byte. A kill between the two announcements can leave a second batch-metrics record (the
-  manifest on rollout.shards is never doubled).
-* Stopping: ``idle_flush_s`` (no new record for that long and caught up with the topic) flushes
-  pending episodes as partial batches; ``exit_when_idle`` returns once idle (after that flush,
-  when one is configured; else after ``DEFAULT_IDLE_S``) and ``max_batches`` after that many
-  batches written by this process. SIGTERM stops the loop at the next iteration.
+  Rollout keys of a batch on disk (episodes and abandoned) count as written, so a batch is never
+  written twice; anything not in one is re-read from the committed offsets, and in step mode
+  forms the same batch, byte for byte. Only the keys of the ``written_memory`` newest batches stay
+  in memory; older ones are looked up in their manifest on disk (``out_dir.written_keys``).
+* Stopping: ``exit_on_end_of_run`` returns once an end-of-run flush is written and committed;
+  ``exit_when_idle`` returns once no record arrived for ``idle_s`` and the writer is caught up
+  with the topic (a stop condition only: it never forms a batch; pending episodes stay
+  uncommitted for the next run); ``max_batches`` after that many batches written by this process.
+  SIGTERM stops the loop at the next iteration, also while waiting for the broker.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from consumers.batcher import Batch, Batcher, Outcome, parse_episode
-from consumers.out_dir import (WrittenBatch, announced_ids, announcement, convert_batch, scan_out_dir,
-                               write_batch)
+from consumers.batcher import DEFAULT_WRITTEN_MEMORY, Batch, Batcher, Outcome
+from consumers.delivery import Outbox, Outgoing
+from consumers.end_of_run import EndOfRunTracker
+from consumers.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
+from consumers.out_dir import announced_ids, announcement, convert_batch, scan_out_dir, write_batch, written_keys
 from rollout_bus.dead_letter import DeadLetter, source_of
-from rollout_bus.errors import BrokerError, ContractError, MaskCheckError
-from rollout_bus.records import batch_metrics_record
+from rollout_bus.errors import ContractError, MaskCheckError
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, consumer_config, producer_config
+from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
+from rollout_bus.records import batch_metrics_record, control_kind
 from rollout_bus.topics import Topics
 from rollout_bus.train_data import MANIFEST_NAME, batch_path
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 STAGE = "shards"
 DEFAULT_IDLE_S = 10.0
 POLL_TIMEOUT_MS = 200
-PARTITION_WAIT_S = 30.0
+OFFSETS_TIMEOUT_MS = 10_000
+# The producer keeps retrying a record inside kafka-python for this long before its future fails
+# (then the writer sends it again); sends block at most MAX_BLOCK_MS per try, so waits are logged.
+DELIVERY_TIMEOUT_MS = 3_600_000
+MAX_BLOCK_MS = 10_000
+CLOSE_TIMEOUT_S = 10.0
+LAG_INTERVAL_S = 5.0
+LOOKUP_CACHE = 16
 
 
 @dataclass
@@ -65,13 +103,20 @@ class WriterStats:
 
     records: int = 0
     episodes: int = 0
+    abandoned: int = 0
     duplicates: int = 0
     dead_letters: int = 0
+    dead_letters_by_reference: int = 0
+    control_records: int = 0
     batches_written: int = 0
     batches_dead_lettered: int = 0
+    batches_skipped: int = 0
     batches_found: int = 0
     batches_reannounced: int = 0
+    runs_ended: int = 0
+    broker_waits: int = 0
     pending: int = 0
+    lag: int | None = None
     last_batch: int | None = None
     written_dirs: list[str] = field(default_factory=list)
 
@@ -86,9 +131,12 @@ class WriterOptions:
     batching: str = "step"
     group_id: str = "rollout-bus-shards"
     normalization: str = "grpo"
-    idle_flush_s: float | None = None
     exit_when_idle: bool = False
+    exit_on_end_of_run: bool = False
     max_batches: int | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    written_memory: int = DEFAULT_WRITTEN_MEMORY
+    idle_s: float = DEFAULT_IDLE_S
 
 
 class ShardWriter:
@@ -101,10 +149,15 @@ class ShardWriter:
         self.options = options
         self.stats = WriterStats()
         self._on_progress = on_progress or (lambda stats: None)
-        self._batcher = Batcher(options.groups_per_batch, options.batching)
+        lookup = functools.lru_cache(maxsize=LOOKUP_CACHE)(functools.partial(written_keys, options.out_dir))
+        self._batcher = Batcher(options.groups_per_batch, options.batching, written_memory=options.written_memory,
+                                lookup=lookup)
         self._committed: dict[int, int] = {}
         self._stop = False
+        self._run_over = False
+        self._tracker = EndOfRunTracker(())
         self._producer: KafkaProducer | None = None
+        self._outbox: Outbox | None = None
         self._consumer: KafkaConsumer | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -112,28 +165,54 @@ class ShardWriter:
     def stop(self, *_: Any) -> None:
         self._stop = True
 
+    def _retry(self, operation: Callable[[], T], what: str) -> T:
+        def counted(attempt: int, exc: BaseException) -> None:
+            self.stats.broker_waits += 1
+        return retrying(operation, what, should_stop=lambda: self._stop, on_retry=counted)
+
     def run(self) -> WriterStats:
         try:
             signal.signal(signal.SIGTERM, self.stop)
         except ValueError:  # not the main thread: the caller stops us
             pass
-        self._producer = KafkaProducer(acks="all", enable_idempotence=True, linger_ms=5, **self.client_kwargs)
         try:
+            self._producer = self._retry(self._new_producer, "connect the producer")
+            self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
             self._resume_from_disk()
             self._consumer = self._open_consumer()
             self._loop()
+        except Stopped as exc:
+            logger.info("stopping: %s", exc)
         finally:
             if self._consumer is not None:
                 self._consumer.close(autocommit=False)
-            self._producer.close()
+            if self._producer is not None:
+                self._producer.close(timeout=CLOSE_TIMEOUT_S)
         return self.stats
+
+    def _new_producer(self) -> KafkaProducer:
+        """acks=all, sized by ``max_record_bytes``; not idempotent: kafka-python 3 turns an idempotent
+        producer's size refusal into a fatal error that fails every record in flight and every later
+        send, and the writer's records tolerate a duplicate anyway (see ``consumers.delivery``). One
+        request in flight keeps each partition in order."""
+        # only the keywords this kafka-python takes (3.x has no buffer_memory)
+        sizes = {k: v for k, v in producer_config(self.options.max_record_bytes).items()
+                 if k in KafkaProducer.DEFAULT_CONFIG}
+        return KafkaProducer(acks="all", enable_idempotence=False, max_in_flight_requests_per_connection=1,
+                             linger_ms=5, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS,
+                             **sizes, **self.client_kwargs)
+
+    def _new_consumer(self, **kwargs: Any) -> KafkaConsumer:
+        return KafkaConsumer(enable_auto_commit=False, **consumer_config(self.options.max_record_bytes), **kwargs,
+                             **self.client_kwargs)
 
     def _resume_from_disk(self) -> None:
         """Mark batches on disk written; announce the ones rollout.shards never saw."""
         written = scan_out_dir(self.options.out_dir)
-        announced = announced_ids(self._read_announcements()) if written else set()
+        announced = announced_ids(self._retry(self._read_announcements, "read announcements from rollout.shards")
+                                  ) if written else set()
         for batch in written:
-            self._batcher.mark_written(batch.seq, batch.episodes(), batch.groups())
+            self._batcher.mark_written(batch.seq, batch.keys(), batch.groups())
             self.stats.batches_found += 1
             if (str(batch.directory.resolve()), batch.manifest_sha256) not in announced:
                 self._announce(batch.seq, batch.manifest, batch.directory)
@@ -142,48 +221,56 @@ class ShardWriter:
         logger.info("resumed out=%s batches_on_disk=%d", self.options.out_dir, len(written))
 
     def _read_announcements(self) -> list[bytes | None]:
-        consumer = KafkaConsumer(enable_auto_commit=False, **self.client_kwargs)
+        """Every value on rollout.shards up to its end; Unavailable when the broker stops answering."""
+        consumer = self._new_consumer()
         try:
             partitions = self._partitions(consumer, self.topics.shards)
             consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)
-            ends = consumer.end_offsets(partitions)
+            ends = consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS)
             values: list[bytes | None] = []
-            while any(consumer.position(tp) < end for tp, end in ends.items()):
-                for records in consumer.poll(timeout_ms=500).values():
+            quiet_since = time.monotonic()
+            while any(consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS) < end for tp, end in ends.items()):
+                polled = consumer.poll(timeout_ms=500)
+                for records in polled.values():
                     values.extend(r.value for r in records)
+                if polled:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > OFFSETS_TIMEOUT_MS / 1000:
+                    raise Unavailable(f"no record from {self.topics.shards} for {OFFSETS_TIMEOUT_MS // 1000}s "
+                                      f"before its end")
             return values
         finally:
             consumer.close()
 
-    @staticmethod
-    def _partitions(consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
-        deadline = time.monotonic() + PARTITION_WAIT_S
-        while True:
-            found = consumer.partitions_for_topic(topic)
-            if found:
-                return [TopicPartition(topic, p) for p in sorted(found)]
-            if time.monotonic() > deadline:
-                raise BrokerError(f"topic {topic!r} has no partitions after {PARTITION_WAIT_S:.0f}s: create it first")
-            time.sleep(0.5)
+    def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
+        def found() -> list[TopicPartition]:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                raise Unavailable(f"topic {topic!r} has no partitions yet (create it first)")
+            return [TopicPartition(topic, p) for p in sorted(partitions)]
+        return self._retry(found, f"the partitions of {topic}")
 
     def _open_consumer(self) -> KafkaConsumer:
-        consumer = KafkaConsumer(group_id=self.options.group_id, enable_auto_commit=False,
-                                 auto_offset_reset="earliest", max_poll_records=500, **self.client_kwargs)
+        consumer = self._retry(lambda: self._new_consumer(group_id=self.options.group_id,
+                                                          auto_offset_reset="earliest", max_poll_records=500),
+                               "connect the consumer")
         partitions = self._partitions(consumer, self.topics.episodes)
         consumer.assign(partitions)
+        self._tracker = EndOfRunTracker(tp.partition for tp in partitions)
         for tp in partitions:  # resolves committed offsets (or earliest) before the idle clock starts
-            logger.info("reading topic=%s partition=%d offset=%d", tp.topic, tp.partition, consumer.position(tp))
+            position = self._retry(lambda: consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
+                                   f"the committed offset of {tp.topic}:{tp.partition}")
+            logger.info("reading topic=%s partition=%d offset=%d", tp.topic, tp.partition, position)
         return consumer
 
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
         opts = self.options
-        idle_s = opts.idle_flush_s if opts.idle_flush_s is not None else DEFAULT_IDLE_S
-        last_record = time.monotonic()
+        last_record = last_lag = time.monotonic()
         while not self._stop:
-            polled = self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS)
+            polled = self._retry(lambda: self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS), "poll rollout.episodes")
             for records in polled.values():
                 for record in records:
                     self._take(record)
@@ -191,41 +278,56 @@ class ShardWriter:
             if polled:
                 last_record = now
             self._write_all(self._batcher.ready())
-            idle = now - last_record >= idle_s and self._caught_up()
-            if idle and opts.idle_flush_s is not None and self._batcher.pending_episodes:
-                logger.info("idle for %.1fs: flushing pending=%d", now - last_record, self._batcher.pending_episodes)
-                self._write_all(self._batcher.flush())
             self._checkpoint()
             self.stats.pending = self._batcher.pending_episodes
+            if now - last_lag >= LAG_INTERVAL_S:
+                self.stats.lag, last_lag = self._lag(), now
             self._on_progress(self.stats)
             if self._reached_max():
                 logger.info("wrote max_batches=%d: stopping", opts.max_batches)
                 return
-            if idle and opts.exit_when_idle:
+            if self._run_over and opts.exit_on_end_of_run:
+                logger.info("end of run written and committed: stopping")
+                return
+            if opts.exit_when_idle and now - last_record >= opts.idle_s and self._caught_up():
                 if self._batcher.pending_episodes:
-                    logger.warning("exiting idle with pending=%d episodes left uncommitted",
+                    logger.warning("exiting idle with pending=%d records left uncommitted",
                                    self._batcher.pending_episodes)
                 return
 
-    def _caught_up(self) -> bool:
+    def _lag(self) -> int:
+        """Records on rollout.episodes not read yet (for the progress line and ``exit_when_idle``)."""
         partitions = list(self._consumer.assignment())
-        ends = self._consumer.end_offsets(partitions)
-        return all(self._consumer.position(tp) >= end for tp, end in ends.items())
+        ends = self._retry(lambda: self._consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS),
+                           "the end offsets of rollout.episodes")
+        return sum(max(0, end - self._retry(lambda: self._consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
+                                            "the position on rollout.episodes")) for tp, end in ends.items())
+
+    def _caught_up(self) -> bool:
+        self.stats.lag = self._lag()
+        return self.stats.lag == 0
 
     def _take(self, record: Any) -> None:
-        """One rollout.episodes record into the batcher, or into the DLQ."""
+        """One rollout.episodes record into the batcher, the end-of-run tracker, or the DLQ."""
         self.stats.records += 1
         try:
-            episode = parse_episode(record.key, record.value, record.headers,
-                                    partition=record.partition, offset=record.offset)
+            item = parse_record(record.key, record.value, record.headers, partition=record.partition,
+                                offset=record.offset)
         except ContractError as exc:
             self._batcher.skip(record.partition, record.offset)
+            control = control_kind(record.headers)
+            what = "episode" if control is None else f"control ({control})"
             self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
-                              f"episode record does not decode: {exc}", "decode")
+                              f"{what} record does not decode: {exc}", "decode" if control is None else "control")
             return
-        result = self._batcher.add(episode)
+        if isinstance(item, EndOfRunMarker):
+            self._marker(item)
+            return
+        result = self._batcher.add(item)
+        abandoned = isinstance(item, AbandonedEpisode)
         if result.outcome is Outcome.ACCEPTED:
-            self.stats.episodes += 1
+            self.stats.abandoned += abandoned
+            self.stats.episodes += not abandoned
         elif result.outcome is Outcome.REPLACED:
             pass  # the same episode, a later attempt: counted once
         elif result.outcome is Outcome.REJECTED:
@@ -233,15 +335,54 @@ class ShardWriter:
                               result.reason, result.kind)
         else:
             self.stats.duplicates += 1
-            logger.debug("dropped %s key=%s attempt=%d", result.outcome.value, episode.key, episode.attempt)
+            logger.debug("dropped %s key=%s attempt=%d", result.outcome.value, item.key, item.attempt)
+
+    def _marker(self, marker: EndOfRunMarker) -> None:
+        """Hold the marker until its run's flush is written; flush once the run is complete."""
+        self.stats.control_records += 1
+        if self._tracker.is_finished(marker.run):
+            self._batcher.skip(marker.partition, marker.offset)
+            logger.info("end-of-run run=%s partition=%d offset=%d: run already flushed, ignored", marker.run,
+                        marker.partition, marker.offset)
+            return
+        self._batcher.hold(marker.partition, marker.offset)
+        if self._tracker.add(marker):
+            self._write_all(self._batcher.ready())
+            self._end_run(marker.run)
+
+    def _end_run(self, run: str) -> None:
+        """Flush everything pending as partial batches; release the run's markers once all are written."""
+        batches = self._batcher.flush()
+        logger.info("end of run run=%s: flushing %d partial batches", run, len(batches))
+        self._write_all(batches)
+        if self._batcher.unfinished_batches or self._batcher.pending_episodes:
+            return  # max_batches reached: the markers stay held, so the next process flushes the rest
+        for marker in self._tracker.finished(run):
+            self._batcher.release(marker.partition, marker.offset)
+        self.stats.runs_ended += 1
+        self._run_over = True
 
     def _dead_letter(self, key: Any, value: Any, headers: Any, partition: int, offset: int, reason: str,
                      kind: str) -> None:
-        letter = DeadLetter(key, value, list(headers or []), reason, STAGE, kind,
+        letter = DeadLetter(key, value, [(k, bytes(v or b"")) for k, v in (headers or [])], reason, STAGE, kind,
                             source_of(self.topics.episodes, partition, offset))
-        self._producer.send(self.topics.dlq, key=letter.key, value=letter.value, headers=letter.record_headers())
+        self._outbox.send(Outgoing(self.topics.dlq, letter.key, letter.value, letter.record_headers(),
+                                   f"dead letter ({kind})"),
+                          too_large=lambda record, exc: self._by_reference(letter, exc))
         self.stats.dead_letters += 1
         logger.warning("dead-lettered kind=%s partition=%d offset=%d reason=%s", kind, partition, offset, reason)
+
+    def _by_reference(self, letter: DeadLetter, exc: BaseException) -> Outgoing:
+        """The dead letter without its value: too large to copy, the original stays at ``dlq.source``."""
+        size = len(letter.value or b"")
+        reason = (f"too large to copy ({size} bytes: {describe(exc)}); the original is at {letter.source}; "
+                  f"{letter.kind}: {letter.reason}")
+        ref = DeadLetter(letter.key, None, letter.headers, reason, STAGE, "too_large", letter.source)
+        self.stats.dead_letters_by_reference += 1
+        logger.warning("dead letter of source=%s too large to copy (%d bytes): sent by reference", letter.source,
+                       size)
+        key = ref.key if ref.key is not None else b""  # Kafka needs a key or a value
+        return Outgoing(self.topics.dlq, key, None, ref.record_headers(), "dead letter by reference")
 
     # ------------------------------------------------------------------ batches
 
@@ -258,6 +399,12 @@ class ShardWriter:
 
     def _write(self, batch: Batch) -> None:
         """Check, convert, split and write one batch, then announce it; failures go to the DLQ."""
+        if batch.empty:
+            logger.info("batch=%d not written: every group of it was abandoned (abandoned=%d, groups=%d)",
+                        batch.seq, len(batch.abandoned), len(batch.groups))
+            self._batcher.done(batch)
+            self.stats.batches_skipped += 1
+            return
         try:
             samples, ranks = convert_batch(batch, dp_size=self.options.dp_size,
                                            normalization=self.options.normalization)
@@ -284,29 +431,30 @@ class ShardWriter:
             self._dead_letter(episode.key.encode(), episode.value, episode.headers, episode.partition,
                               episode.offset, reason, kind)
             position += len(episode.segments)
-        self._producer.flush()
+        self._outbox.confirm()
         self._batcher.done(batch)
         self.stats.batches_dead_lettered += 1
 
     def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
-        """Batch metrics, then the manifest, each flushed: a manifest on rollout.shards implies both."""
+        """Batch metrics, then the manifest, each confirmed: a manifest on rollout.shards implies both."""
         key = str(seq).encode()
         manifest_path = str(Path(directory).resolve() / MANIFEST_NAME)
         metrics_value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
                                              manifest_path=manifest_path)
-        self._producer.send(self.topics.metrics, key=key, value=metrics_value)
-        self._producer.flush()
-        self._producer.send(self.topics.shards, key=key, value=announcement(manifest, Path(directory)))
-        self._producer.flush()
+        self._outbox.send(Outgoing(self.topics.metrics, key, metrics_value, [], f"batch {seq} metrics"))
+        self._outbox.confirm()
+        self._outbox.send(Outgoing(self.topics.shards, key, announcement(manifest, Path(directory)), [],
+                                   f"batch {seq} manifest"))
+        self._outbox.confirm()
 
     def _checkpoint(self) -> None:
-        """Commit what may be committed; the producer is flushed first, so no dead letter is lost."""
+        """Commit what may be committed; every send is confirmed first, so no dead letter is lost."""
         positions = self._batcher.commit_offsets()
         changed = {p: o for p, o in positions.items() if self._committed.get(p) != o}
         if not changed:
             return
-        self._producer.flush()
-        self._consumer.commit({TopicPartition(self.topics.episodes, p): OffsetAndMetadata(o, "", -1)
-                               for p, o in changed.items()})
+        self._outbox.confirm()
+        offsets = {TopicPartition(self.topics.episodes, p): OffsetAndMetadata(o, "", -1) for p, o in changed.items()}
+        self._retry(lambda: self._consumer.commit(offsets), "commit offsets")
         self._committed.update(changed)
         logger.debug("committed %s", changed)

@@ -1,7 +1,8 @@
 """``rollout-bus shards``: the shard writer (rollout.episodes -> trainer shards), thin: parse, settle, run.
 
 Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; exit 0 when the
-writer stops as asked (``--exit-when-idle``, ``--max-batches``, SIGTERM).
+writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
+Broker outages never end it: the writer waits, logging one line per retry.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ console = Console(stderr=True)
 
 def _progress_line(stats: WriterStats) -> str:
     return (f"shards: {stats.batches_written} batches written (last {stats.last_batch}), "
-            f"{stats.episodes} episodes read, {stats.pending} pending, {stats.duplicates} duplicates, "
-            f"{stats.dead_letters} dead letters")
+            f"{stats.episodes} episodes read ({stats.abandoned} abandoned), {stats.pending} pending, "
+            f"{stats.duplicates} duplicates, {stats.dead_letters} dead letters"
+            + (f", lag {stats.lag}" if stats.lag is not None else "")
+            + (f", {stats.runs_ended} runs ended" if stats.runs_ended else ""))
 
 
 def shards(
@@ -35,10 +38,12 @@ def shards(
                                              "arrival: the first G groups to complete."),
     group_id: str | None = typer.Option(None, "--group-id", help="Consumer group holding the committed offsets."),
     normalization: str | None = typer.Option(None, "--normalization", help="Rewards: none, grpo or grpo_std."),
-    idle_flush_s: float | None = typer.Option(None, "--idle-flush-s",
-                                              help="Write pending episodes as partial batches after this many "
-                                                   "seconds without a new episode."),
-    exit_when_idle: bool = typer.Option(False, "--exit-when-idle", help="Exit 0 once idle (after any flush)."),
+    exit_when_idle: bool = typer.Option(False, "--exit-when-idle",
+                                        help="Exit 0 once caught up and idle (never writes a batch: pending "
+                                             "episodes stay uncommitted for the next run)."),
+    exit_on_end_of_run: bool = typer.Option(False, "--exit-on-end-of-run",
+                                            help="Exit 0 once the run's end-of-run markers arrived and its last, "
+                                                 "partial batch is written and committed."),
     max_batches: int | None = typer.Option(None, "--max-batches", help="Exit 0 after writing this many batches."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
@@ -47,12 +52,14 @@ def shards(
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     settings = options.role_settings(
         ShardSettings, out=str(out) if out is not None else None, dp_size=dp_size, groups_per_batch=groups_per_batch,
-        batching=batching, group_id=group_id, normalization=normalization, idle_flush_s=idle_flush_s,
-        exit_when_idle=exit_when_idle or None, max_batches=max_batches)
+        batching=batching, group_id=group_id, normalization=normalization, exit_when_idle=exit_when_idle or None,
+        exit_on_end_of_run=exit_on_end_of_run or None, max_batches=max_batches)
     writer_options = WriterOptions(
         out_dir=Path(settings.out), dp_size=settings.dp_size, groups_per_batch=settings.groups_per_batch,
         batching=settings.batching, group_id=settings.group_id, normalization=settings.normalization,
-        idle_flush_s=settings.idle_flush_s, exit_when_idle=settings.exit_when_idle, max_batches=settings.max_batches,
+        exit_when_idle=settings.exit_when_idle, exit_on_end_of_run=settings.exit_on_end_of_run,
+        max_batches=settings.max_batches, max_record_bytes=kafka.max_record_bytes,
+        written_memory=settings.written_memory,
     )
     console.print(f"shard writer: {kafka.topics().episodes} -> {writer_options.out_dir} "
                   f"(dp_size={settings.dp_size}, groups_per_batch={settings.groups_per_batch}, "

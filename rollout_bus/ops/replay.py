@@ -17,6 +17,11 @@ Contract:
   Unset settings (batching, dp_size, groups_per_batch, normalization) are read from them
   (``groups_per_batch`` inferred from a full batch's groups), else the shard writer's defaults;
   ``ReplaySettings.sources`` says where each came from, and a flag that disagrees is warned about.
+* Records are parsed as the writer parses them (``consumers.episodes.parse_record``): episodes
+  and ``abandoned`` records go to the batcher (an abandoned record completes its group, as in the
+  writer, and the rebuilt manifest lists it); end-of-run markers are skipped, the leftovers being
+  flushed at the end of the range anyway. A batch whose groups are all abandoned is not written
+  (the writer writes none either) and gets no report.
 * A batch is written when it is complete (``Batcher.ready``) or, for the leftovers that
   ``Batcher.flush`` returns at the end, when its episodes are exactly a manifest's episodes (the
   original was partial too) or ``write_partial`` is set. A batch holding only part of a
@@ -42,7 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from consumers.batcher import BATCHING_MODES, Batch, Batcher, Episode, Outcome, parse_episode
+from consumers.batcher import BATCHING_MODES, Batch, Batcher, Outcome
+from consumers.episodes import EndOfRunMarker, Episode, Member, parse_record
 from consumers.out_dir import convert_batch, write_batch
 from rollout_bus.config import ShardSettings
 from rollout_bus.dead_letter import source_of
@@ -209,15 +215,25 @@ def settle_settings(flags: Mapping[str, Any], manifests: Mapping[int, dict[str, 
 # ---------------------------------------------------------------------------- episodes from records
 
 
-def episodes_from_episode_records(records: Iterable[Any], rejections: list[Rejection]) -> Iterator[Episode]:
-    """rollout.episodes records as the writer parses them; undecodable ones are reported."""
+def _members(topic: str, key: Any, value: Any, headers: Any, partition: int, offset: int,
+             rejections: list[Rejection]) -> Iterator[Member]:
+    """One rollout.episodes record as the writer parses it: a member, nothing (a marker), or a rejection."""
+    try:
+        item = parse_record(key, value, headers, partition=partition, offset=offset)
+    except ContractError as exc:
+        rejections.append(Rejection(source_of(topic, partition, offset), "shards", "decode",
+                                    f"episode record does not decode: {exc}"))
+        return
+    if not isinstance(item, EndOfRunMarker):
+        yield item
+
+
+def episodes_from_episode_records(records: Iterable[Any], rejections: list[Rejection]) -> Iterator[Member]:
+    """rollout.episodes records as the writer parses them (episodes and abandoned episodes); undecodable ones
+    are reported, end-of-run markers skipped."""
     for record in records:
-        try:
-            yield parse_episode(record.key, record.value, record.headers, partition=record.partition,
-                                offset=record.offset)
-        except ContractError as exc:
-            rejections.append(Rejection(source_of(record.topic, record.partition, record.offset), "shards", "decode",
-                                        f"episode record does not decode: {exc}"))
+        yield from _members(record.topic, record.key, record.value, record.headers, record.partition, record.offset,
+                            rejections)
 
 
 class TurnMerger:
@@ -230,10 +246,10 @@ class TurnMerger:
         self.processor = TurnProcessor(self.table, self._send, self.topics, window_ms=_NEVER_MS, grace_ms=_NEVER_MS)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]],
-                    *, wait: bool) -> None:
+                    *, wait: bool, partition: int | None = None) -> None:
         self._sent.append((topic, key, value, headers))
 
-    def episodes(self, records: Iterable[Any], rejections: list[Rejection]) -> Iterator[Episode]:
+    def episodes(self, records: Iterable[Any], rejections: list[Rejection]) -> Iterator[Member]:
         loop = asyncio.new_event_loop()
         try:
             for record in records:
@@ -246,11 +262,11 @@ class TurnMerger:
         finally:
             loop.close()
 
-    def _drain(self, record: Any, rejections: list[Rejection]) -> Iterator[Episode]:
+    def _drain(self, record: Any, rejections: list[Rejection]) -> Iterator[Member]:
         sent, self._sent = self._sent, []
         for topic, key, value, headers in sent:
             if topic == self.topics.episodes:
-                yield parse_episode(key, value, headers, partition=record.partition, offset=record.offset)
+                yield from _members(topic, key, value, headers, record.partition, record.offset, rejections)
             elif topic == self.topics.dlq:
                 found = {k: bytes(v).decode(errors="replace") for k, v in headers if k.startswith("dlq.")}
                 rejections.append(Rejection(found.get("dlq.source", ""), "stream", found.get("dlq.kind", ""),
@@ -282,6 +298,10 @@ class _Rebuilder:
         self.reports: list[BatchReport] = []
 
     def batch(self, batch: Batch, *, leftover: bool) -> None:
+        if batch.empty:  # every group abandoned: the writer writes no batch either
+            logger.info("batch=%d: every group abandoned (abandoned=%d): not written", batch.seq,
+                        len(batch.abandoned))
+            return
         expected = self.manifests.get(batch.seq)
         mine = {(e.key, e.attempt) for e in batch.episodes}
         theirs = _keys(expected) if expected is not None else None
@@ -326,16 +346,17 @@ class _Rebuilder:
         return sorted(self.reports, key=lambda r: r.seq)
 
 
-def rebuild(episodes: Iterable[Episode], settings: ReplaySettings, out_dir: Path,
+def rebuild(episodes: Iterable[Member], settings: ReplaySettings, out_dir: Path,
             manifests: Mapping[int, dict[str, Any]], *, topic: str, rejections: list[Rejection],
             write_partial: bool = False) -> tuple[list[BatchReport], dict[str, int], int]:
-    """Batch the episodes as the writer does and write what may be written; (reports, counts, episodes)."""
+    """Batch the episodes (and abandoned records) as the writer does and write what may be written;
+    (reports, counts, episodes accepted)."""
     batcher = Batcher(settings.groups_per_batch, settings.batching)
     rebuilder = _Rebuilder(out_dir, settings, manifests, topic, write_partial)
     accepted = 0
     for episode in episodes:
         result = batcher.add(episode)
-        accepted += result.outcome is Outcome.ACCEPTED
+        accepted += result.outcome is Outcome.ACCEPTED and isinstance(episode, Episode)
         if result.outcome is Outcome.REJECTED:
             rejections.append(Rejection(source_of(topic, episode.partition, episode.offset), "shards", result.kind,
                                         result.reason))

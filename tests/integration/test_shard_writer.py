@@ -1,4 +1,8 @@
-"""The shard writer against a real broker, run as ``python -m rollout_bus.cli.shards`` subprocesses."""
+"""The shard writer against a real broker, run as ``python -m rollout_bus.cli.shards`` subprocesses.
+
+Every run ends on the end-of-run markers the stream stage would forward (``end_of_run``), with
+``--exit-on-end-of-run``: batch boundaries never depend on a clock.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.records import EpisodeInfo, encode_episode
+from rollout_bus.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, encode_episode
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 from rollout_bus.topics import rollout_key_string
@@ -58,10 +62,19 @@ def make_episode(group_index: int, rid: int, *, attempt: int = 0, maskless: bool
     return key.encode(), encode_episode(segments, info), info.headers()
 
 
+def end_of_run(topics, run: str = "run-1", turns_partitions: int = 2, only=None):
+    """The end-of-run markers the stream stage forwards: every turns partition's, on every episodes partition
+    (``only``: just these (turns partition, episodes partition) pairs)."""
+    return [(END_OF_RUN_KEY, EndOfRun(run).forwarded(t, turns_partitions).value(), EndOfRun(run).headers(), p)
+            for t in range(turns_partitions) for p in range(topics.episodes_partitions)
+            if only is None or (t, p) in only]
+
+
 def publish(client_kwargs, topic: str, records) -> None:
+    """(key, value, headers) records, or (key, value, headers, partition)."""
     producer = KafkaProducer(acks="all", **client_kwargs)
-    for key, value, headers in records:
-        producer.send(topic, key=key, value=value, headers=headers)
+    for key, value, headers, *partition in records:
+        producer.send(topic, key=key, value=value, headers=headers, partition=partition[0] if partition else None)
     producer.flush()
     producer.close()
 
@@ -84,7 +97,7 @@ def read_topic(client_kwargs, topic: str) -> list:
 def writer_command(kafka_bootstrap, topics, out: Path, group_id: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "rollout_bus.cli.shards", "--bootstrap-servers", kafka_bootstrap,
             "--topic-prefix", topics.prefix, "--out", str(out), "--dp-size", "2", "--groups-per-batch", "2",
-            "--group-id", group_id, "--idle-flush-s", "1.5", "--exit-when-idle", *extra]
+            "--group-id", group_id, "--exit-on-end-of-run", *extra]
 
 
 def run_writer(kafka_bootstrap, topics, out: Path, group_id: str | None = None, *extra: str):
@@ -123,19 +136,20 @@ def rebuilt(row) -> Sample:
                   adapter=slot.get(row.adapter_slot))
 
 
-def standard_records(n_groups: int = 7):
-    """n_groups full groups, a retry (higher attempt first), a duplicate and an undecodable record."""
+def standard_records(topics, n_groups: int = 7):
+    """n_groups full groups, a retry (higher attempt first), a duplicate and an undecodable record, then the
+    end-of-run markers."""
     records = [make_episode(g, r) for g in range(n_groups) for r in range(GROUP_SIZE)]
     retried = make_episode(2, 1, attempt=1)
     records.insert(5, retried)                     # the retry's record comes before the aborted attempt's
     records.append(make_episode(0, 0))             # duplicate of an episode
     records.append((b"broken", b"\x00not an episode", []))
-    return records
+    return records + end_of_run(topics)
 
 
 def test_every_episode_lands_once_with_its_masks_and_a_replay_is_byte_identical(kafka_bootstrap, client_kwargs,
                                                                                 topics, tmp_path):
-    publish(client_kwargs, topics.episodes, standard_records())
+    publish(client_kwargs, topics.episodes, standard_records(topics))
     first, second = tmp_path / "first", tmp_path / "second"
     run_writer(kafka_bootstrap, topics, first)
 
@@ -175,7 +189,7 @@ def test_every_episode_lands_once_with_its_masks_and_a_replay_is_byte_identical(
 def test_batch_with_a_sample_lacking_its_mask_goes_to_the_dlq_and_the_next_batch_is_written(
         kafka_bootstrap, client_kwargs, topics, tmp_path):
     records = [make_episode(g, r, maskless=(g, r) == (1, 2)) for g in range(4) for r in range(GROUP_SIZE)]
-    publish(client_kwargs, topics.episodes, records)
+    publish(client_kwargs, topics.episodes, records + end_of_run(topics))
     run_writer(kafka_bootstrap, topics, tmp_path)
 
     assert [m["seq"] for m in manifests(tmp_path)] == [1]
@@ -192,7 +206,7 @@ def test_batch_with_a_sample_lacking_its_mask_goes_to_the_dlq_and_the_next_batch
 
 def test_writer_killed_mid_run_restarts_to_byte_identical_shards(kafka_bootstrap, client_kwargs, topics,
                                                                  tmp_path):
-    publish(client_kwargs, topics.episodes, standard_records(n_groups=9))
+    publish(client_kwargs, topics.episodes, standard_records(topics, n_groups=9))
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     run_writer(kafka_bootstrap, topics, reference)
 
@@ -215,7 +229,7 @@ def test_writer_killed_mid_run_restarts_to_byte_identical_shards(kafka_bootstrap
 
 def test_restart_over_leftovers_rewrites_the_incomplete_batch_and_announces_the_unannounced(
         kafka_bootstrap, client_kwargs, topics, tmp_path):
-    publish(client_kwargs, topics.episodes, standard_records())
+    publish(client_kwargs, topics.episodes, standard_records(topics))
     reference, crashed = tmp_path / "reference", tmp_path / "crashed"
     run_writer(kafka_bootstrap, topics, reference)
     shutil.copytree(reference, crashed)             # batches complete on disk, never announced for this dir
@@ -235,7 +249,8 @@ def test_restart_over_leftovers_rewrites_the_incomplete_batch_and_announces_the_
 
 def test_arrival_mode_stops_at_max_batches_and_a_restart_writes_the_rest_once(kafka_bootstrap, client_kwargs,
                                                                               topics, tmp_path):
-    publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(4) for r in range(GROUP_SIZE)])
+    publish(client_kwargs, topics.episodes,
+            [make_episode(g, r) for g in range(4) for r in range(GROUP_SIZE)] + end_of_run(topics))
     group_id = uuid.uuid4().hex
     run_writer(kafka_bootstrap, topics, tmp_path, group_id, "--batching", "arrival", "--max-batches", "1")
     assert [m["seq"] for m in manifests(tmp_path)] == [0]

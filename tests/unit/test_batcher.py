@@ -1,4 +1,5 @@
-"""consumers.batcher: grouping, dedupe, step/arrival batches, order inside a batch, commit offsets."""
+"""consumers.batcher: grouping, dedupe, abandoned records, step/arrival batches, order inside a batch,
+commit offsets, bounded memory of written keys."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.batcher import Batcher, Episode, Outcome, parse_episode
+from consumers.episodes import parse_record
 from rollout_bus.errors import ConfigError, ContractError
-from rollout_bus.records import EpisodeInfo, encode_episode
+from rollout_bus.records import Abandoned, EpisodeInfo, encode_episode
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 from rollout_bus.topics import rollout_key_string
@@ -260,3 +262,163 @@ def test_parse_episode_refuses_segments_of_different_groups():
 def test_batcher_refuses_bad_settings(groups, mode):
     with pytest.raises(ConfigError):
         Batcher(groups, mode)
+
+
+# ---------------------------------------------------------------------------- abandoned episodes
+
+
+def abandoned(group_index: int, rollout_id: int, *, adapter=None, attempt: int = 0, group_size: int = 2,
+              partition: int = 0, offset: int = 0):
+    """An ``abandoned`` control record as the stream stage sends it, parsed as the writer does."""
+    key = rollout_key_string((adapter, "rollout", group_index, rollout_id)).encode()
+    marker = Abandoned(attempt, group_size, "merge", f"final turn of {rollout_id} refused", "turns:1:7")
+    return parse_record(key, marker.value(), marker.headers(), partition=partition, offset=offset)
+
+
+def test_an_abandoned_record_completes_its_group_and_the_batch_is_written_without_it():
+    batcher = Batcher(2, "step")
+    batches = feed(batcher, [episode(0, 0), episode(0, 1), episode(1, 0), abandoned(1, 1, offset=3)])
+    [batch] = batches
+    assert ids(batch) == [(0, 0, 0), (0, 1, 0), (1, 0, 0)] and not batch.partial and not batch.empty
+    assert [(a.key, a.attempt, a.kind, a.source) for a in batch.abandoned] == [
+        (abandoned(1, 1).key, 0, "merge", "turns:1:7")]
+    assert [(g.group_index, g.episodes, g.abandoned, g.complete) for g in batch.groups] == [(0, 2, 0, True),
+                                                                                             (1, 1, 1, True)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.permutations(list(range(9))))
+def test_batches_with_abandoned_records_do_not_depend_on_arrival_order(order):
+    pool = [episode(0, 0), episode(0, 1), abandoned(1, 0), episode(1, 1), episode(2, 0), abandoned(2, 1),
+            episode(3, 0), episode(3, 1), abandoned(1, 0)]  # the last: a duplicate of the control record
+    batcher = Batcher(2, "step")
+    batches = sorted(feed(batcher, [pool[i] for i in order]), key=lambda b: b.seq)
+    assert [ids(b) for b in batches] == [[(0, 0, 0), (0, 1, 0), (1, 1, 0)], [(2, 0, 0), (3, 0, 0), (3, 1, 0)]]
+    assert [[a.key for a in b.abandoned] for b in batches] == [[abandoned(1, 0).key], [abandoned(2, 1).key]]
+    assert batcher.counts["duplicate"] == 1 and batcher.pending_episodes == 0
+
+
+def test_a_range_whose_groups_are_all_abandoned_is_empty_and_does_not_block_later_batches():
+    batcher = Batcher(1, "step")
+    [empty] = feed(batcher, [abandoned(0, 0, offset=0), abandoned(0, 1, offset=1)])
+    assert empty.seq == 0 and empty.empty and len(empty.abandoned) == 2
+    assert batcher.commit_offsets() == {0: 0}  # held until the caller says the decision is done
+    batcher.done(empty)
+    assert batcher.commit_offsets() == {0: 2}
+    [later] = feed(batcher, [episode(1, 0, offset=2), episode(1, 1, offset=3)])
+    assert later.seq == 1 and ids(later) == [(1, 0, 0), (1, 1, 0)]
+
+
+def test_an_episode_wins_over_an_abandoned_record_of_the_same_attempt_while_both_are_pending():
+    for first, second in [(abandoned(0, 0, offset=0), episode(0, 0, offset=1)),
+                          (episode(0, 0, offset=0), abandoned(0, 0, offset=1))]:
+        batcher = Batcher(1, "step")
+        batcher.add(first)
+        batcher.add(second)
+        [batch] = feed(batcher, [episode(0, 1, offset=2)])
+        assert ids(batch) == [(0, 0, 0), (0, 1, 0)] and batch.abandoned == ()
+
+
+def test_a_higher_attempt_abandoned_record_supersedes_the_episode_of_a_lower_attempt():
+    batcher = Batcher(1, "step")
+    batcher.add(episode(0, 0, attempt=0, offset=0))
+    assert batcher.add(abandoned(0, 0, attempt=1, offset=1)).outcome is Outcome.REPLACED
+    [batch] = feed(batcher, [episode(0, 1, offset=2)])
+    assert ids(batch) == [(0, 1, 0)] and [a.attempt for a in batch.abandoned] == [1]
+
+
+def test_a_control_record_of_a_formed_batch_is_a_duplicate_if_its_key_is_in_it_else_late():
+    batcher = Batcher(1, "step")
+    feed(batcher, [episode(0, 0), abandoned(0, 1)])
+    assert batcher.add(abandoned(0, 1, offset=5)).outcome is Outcome.DUPLICATE
+    assert batcher.add(episode(0, 1, offset=6)).outcome is Outcome.DUPLICATE   # its key is in the batch, abandoned
+    assert batcher.add(abandoned(0, 0, offset=7)).outcome is Outcome.DUPLICATE  # its key is in it, as an episode
+    late = batcher.add(abandoned(0, 2, offset=8))
+    assert late.outcome is Outcome.REJECTED and late.kind == "late"
+
+
+def test_abandoned_record_with_a_disagreeing_group_size_is_rejected():
+    batcher = Batcher(2, "step")
+    batcher.add(episode(0, 0, group_size=2))
+    assert batcher.add(abandoned(0, 1, group_size=3)).kind == "group"
+
+
+def test_flush_leaves_no_offsets_held_and_marks_episode_less_ranges_empty():
+    batcher = Batcher(2, "step")
+    feed(batcher, [episode(0, 0, offset=0), abandoned(4, 0, offset=1)])
+    flushed = batcher.flush()
+    assert [(b.seq, b.partial, b.empty) for b in flushed] == [(0, True, False), (2, True, True)]
+    for batch in flushed:
+        batcher.done(batch)
+    assert batcher.commit_offsets() == {0: 2}
+
+
+def test_control_records_held_by_the_caller_stop_commits_until_released():
+    batcher = Batcher(1, "step")
+    batcher.hold(1, 4)
+    batcher.skip(1, 5)
+    assert batcher.commit_offsets() == {1: 4}
+    batcher.hold(1, 4)  # a duplicate is harmless: held and released together
+    batcher.release(1, 4)
+    batcher.release(1, 4)
+    assert batcher.commit_offsets() == {1: 6}
+
+
+# ---------------------------------------------------------------------------- bounded memory
+
+
+def test_written_keys_are_forgotten_beyond_written_memory_and_looked_up_on_disk():
+    on_disk: dict[int, dict[str, int]] = {}
+    lookups: list[int] = []
+
+    def lookup(seq):
+        lookups.append(seq)
+        return on_disk.get(seq)
+
+    batcher = Batcher(1, "step", written_memory=2, lookup=lookup)
+    for g in range(6):
+        [batch] = feed(batcher, [episode(g, 0, offset=2 * g), episode(g, 1, offset=2 * g + 1)])
+        on_disk[batch.seq] = {e.key: e.attempt for e in batch.episodes}
+        batcher.done(batch)
+    assert batcher.remembered_keys == 2 * 2  # the two newest batches only
+    assert batcher.add(episode(0, 1, offset=20)).outcome is Outcome.DUPLICATE and lookups == [0]
+    assert batcher.add(episode(5, 1, offset=21)).outcome is Outcome.DUPLICATE and lookups == [0]  # in memory
+    late = batcher.add(episode(1, 2, offset=22))
+    assert late.outcome is Outcome.REJECTED and late.kind == "late"
+    retry = batcher.add(episode(2, 0, attempt=1, offset=23))
+    assert retry.outcome is Outcome.REJECTED and "attempt 0 was batched" in retry.reason
+
+
+def test_without_a_lookup_a_forgotten_duplicate_is_late_not_a_new_group():
+    batcher = Batcher(1, "step", written_memory=1)
+    for g in range(3):
+        batcher.done(feed(batcher, [episode(g, 0), episode(g, 1)])[0])
+    result = batcher.add(episode(0, 0, offset=9))
+    assert result.outcome is Outcome.REJECTED and result.kind == "late" and batcher.pending_episodes == 0
+
+
+def test_arrival_mode_forgets_keys_but_finds_the_closed_group_and_looks_it_up():
+    on_disk: dict[int, dict[str, int]] = {}
+    batcher = Batcher(1, "arrival", written_memory=1, lookup=on_disk.get)
+    for g in (7, 3, 5):
+        [batch] = feed(batcher, [episode(g, 0), episode(g, 1)])
+        on_disk[batch.seq] = {e.key: e.attempt for e in batch.episodes}
+        batcher.done(batch)
+    assert batcher.remembered_keys == 2
+    assert batcher.add(episode(7, 1, offset=9)).outcome is Outcome.DUPLICATE
+    assert batcher.add(episode(3, 2, offset=10)).kind == "late"
+
+
+def test_a_formed_batch_is_never_forgotten_before_it_is_done():
+    batcher = Batcher(1, "step", written_memory=1)
+    [first] = feed(batcher, [episode(0, 0), episode(0, 1)])
+    for g in (1, 2, 3):
+        batcher.done(feed(batcher, [episode(g, 0), episode(g, 1)])[0])
+    assert batcher.add(episode(0, 1, offset=9)).outcome is Outcome.DUPLICATE  # batch 0 not done yet
+    batcher.done(first)
+    assert batcher.remembered_keys == 2
+
+
+def test_batcher_refuses_a_written_memory_below_one():
+    with pytest.raises(ConfigError):
+        Batcher(1, "step", written_memory=0)
