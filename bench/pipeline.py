@@ -101,7 +101,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def full_pipeline(bootstrap: str, records, episodes: int, out: Path) -> dict:
-    run = DemoRun({"bootstrap_servers": bootstrap}, DemoOptions(episodes=episodes, out=out, idle_flush_s=3.0),
+    run = DemoRun({"bootstrap_servers": bootstrap}, DemoOptions(episodes=episodes, out=out),
                   Console(file=io.StringIO()))
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(s.name, s.partitions, 1, topic_configs=LOG_APPEND) for s in run.topics.specs()])

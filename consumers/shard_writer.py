@@ -195,9 +195,7 @@ class ShardWriter:
         producer's size refusal into a fatal error that fails every record in flight and every later
         send, and the writer's records tolerate a duplicate anyway (see ``consumers.delivery``). One
         request in flight keeps each partition in order."""
-        # only the keywords this kafka-python takes (3.x has no buffer_memory)
-        sizes = {k: v for k, v in producer_config(self.options.max_record_bytes).items()
-                 if k in KafkaProducer.DEFAULT_CONFIG}
+        sizes = producer_config(self.options.max_record_bytes)
         return KafkaProducer(acks="all", enable_idempotence=False, max_in_flight_requests_per_connection=1,
                              linger_ms=5, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS,
                              **sizes, **self.client_kwargs)

@@ -13,7 +13,9 @@ Contract:
   and their turns come out in index order, as concurrent engine calls would. The steps of all of
   a round's rollouts are batched: one ``[B, V]`` policy call and one sampling op per step.
 * ``publish_generated(settings, publisher, progress=...)`` sends all of it (plus the deliberate
-  faults of ``inject_faults``) and returns a ``GenerateSummary``.
+  faults of ``inject_faults``), then, with ``end_of_run`` on, closes the run (``run_id``, or a
+  fresh uuid hex) with ``publisher.publish_end_of_run`` once everything is acknowledged, and
+  returns a ``GenerateSummary`` naming the run.
 * ``torch_threads`` (when > 0) sets torch's intra-op threads while generating, restored after:
   the per-step ops are small, and thread hand-offs cost more than they give on a busy 2-core box.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -152,16 +155,21 @@ def iter_turns(settings: GenerateSettings) -> Iterator[tuple[Sample, dict]]:
 @dataclass
 class GenerateSummary:
     """What a run sent: the finished episodes (key string, attempt of the final turn), turns, bytes
-    (record keys plus values, headers excluded), and the deliberate faults."""
+    (turn and fault records' keys plus values, headers and end-of-run records excluded), the
+    deliberate faults, the run id, and on how many partitions the run was closed (0: not closed)."""
 
     episodes: list[tuple[str, int]] = field(default_factory=list)
     turns_sent: int = 0
     bytes_sent: int = 0
     faults: list[dict] = field(default_factory=list)
+    run_id: str = ""
+    end_of_run_partitions: int = 0
 
     def to_json(self) -> dict:
-        return {"episodes": [list(e) for e in self.episodes], "episodes_finished": len(self.episodes),
-                "turns_sent": self.turns_sent, "bytes_sent": self.bytes_sent, "faults": self.faults}
+        return {"run_id": self.run_id, "episodes": [list(e) for e in self.episodes],
+                "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent,
+                "bytes_sent": self.bytes_sent, "faults": self.faults,
+                "end_of_run_partitions": self.end_of_run_partitions}
 
 
 ProgressFn = Callable[[GenerateSummary], None]
@@ -170,10 +178,11 @@ ProgressFn = Callable[[GenerateSummary], None]
 def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None) -> GenerateSummary:
     """Generate and publish everything; flush; return what was sent.
 
-    ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``send_raw``, ``flush`` and
-    ``bytes_sent``). ``progress`` is called with the running summary after every turn.
+    ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``send_raw``, ``flush``,
+    ``publish_end_of_run`` and ``bytes_sent``). ``progress`` is called with the running summary
+    after every turn.
     """
-    summary = GenerateSummary()
+    summary = GenerateSummary(run_id=settings.run_id or uuid.uuid4().hex)
     start_bytes = publisher.bytes_sent
     last_final: tuple[Sample, dict] | None = None
     for sample, args in iter_turns(settings):
@@ -190,6 +199,9 @@ def publish_generated(settings: GenerateSettings, publisher, progress: ProgressF
         summary.faults = plan.publish(publisher, last_final, summary.episodes)
     publisher.flush()
     summary.bytes_sent = publisher.bytes_sent - start_bytes
-    logger.info("generated episodes=%d turns=%d bytes=%d faults=%d", len(summary.episodes), summary.turns_sent,
-                summary.bytes_sent, len(summary.faults))
+    if settings.end_of_run:
+        summary.end_of_run_partitions = publisher.publish_end_of_run(summary.run_id)
+    logger.info("generated run=%s episodes=%d turns=%d bytes=%d faults=%d end_of_run_partitions=%d", summary.run_id,
+                len(summary.episodes), summary.turns_sent, summary.bytes_sent, len(summary.faults),
+                summary.end_of_run_partitions)
     return summary

@@ -60,6 +60,14 @@ class GenerateSettings(_Settings):
     one may be smaller), assigned to the comma-separated ``adapters`` round-robin. Probabilities
     are per episode (``retry_prob`` per attempt, ``compaction_prob`` per turn boundary,
     ``tool_call_prob`` per turn). ``top_k <= 0`` means no top-k limit.
+
+    ``run_id`` names the run (empty: a fresh uuid hex per run). With ``end_of_run`` the generator
+    closes the run once everything is acknowledged (an end-of-run record on every rollout.turns
+    partition: the shard writer then writes the last, partial batch). Several generators sharing
+    one run set ``end_of_run`` off and one ``run_id``; then one of them, or the operator
+    (``rollout-bus end-run --run-id``), closes the run once all are done.
+    ``delivery_timeout_s``: how long a record may wait inside the producer for the broker (an
+    outage) before the run fails; meanwhile it logs a WARNING every 10 s.
     """
 
     episodes: int = Field(64, ge=1)
@@ -83,6 +91,9 @@ class GenerateSettings(_Settings):
     policy_dim: int = Field(32, ge=1)
     torch_threads: int = Field(1, ge=0)
     inject_faults: bool = False
+    run_id: str = ""
+    end_of_run: bool = True
+    delivery_timeout_s: float = Field(900.0, ge=31)  # kafka-python: >= request timeout (30 s) + linger
 
 
 class StreamSettings(_Settings):
@@ -104,9 +115,12 @@ class StreamSettings(_Settings):
 class ShardSettings(_Settings):
     """The shard writer (`rollout-bus shards`).
 
-    ``idle_flush_s``: after this long with no new episode (and caught up), pending episodes are
-    written as partial batches; None never flushes. ``exit_when_idle`` stops the writer once idle
-    (after that flush); ``max_batches`` after that many batches written by this process.
+    Batch boundaries follow from the log alone (complete groups, abandoned records, end-of-run
+    markers), never from a clock. ``exit_on_end_of_run`` stops the writer once the end-of-run
+    flush is written and committed; ``exit_when_idle`` once no record arrived for a while and it
+    is caught up (a stop condition only: it never writes a batch); ``max_batches`` after that many
+    batches written by this process. ``written_memory``: how many recent batches' rollout keys stay
+    in memory (older ones are read back from their manifests when needed).
     """
 
     out: str = "shards"
@@ -115,6 +129,7 @@ class ShardSettings(_Settings):
     batching: Literal["step", "arrival"] = "step"
     group_id: str = "rollout-bus-shards"
     normalization: Literal["none", "grpo", "grpo_std"] = "grpo"
-    idle_flush_s: float | None = Field(None, gt=0)
     exit_when_idle: bool = False
+    exit_on_end_of_run: bool = False
     max_batches: int | None = Field(None, ge=1)
+    written_memory: int = Field(64, ge=1)

@@ -31,12 +31,16 @@ def demo(
     timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
     port: int = options.PORT,
 ) -> None:
-    """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards."""
+    """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
+
+    Exit 0 only when every valid episode the generator finished is in exactly one shard (with
+    --inject-faults, the deliberately bad records and the batch their replay gap fails go to the DLQ).
+    """
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
     run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
                               n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
-                              timeout_s=timeout)
+                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

@@ -1,8 +1,14 @@
 """``rollout-bus generate``: the built-in generator publishing to rollout.turns; thin: parse, settle, run.
 
 Also ``python -m rollout_bus.cli.generate``. Progress (turns sent) goes to stderr with rich; the
-summary (finished episodes with their attempts, turns, bytes, faults) is printed, and written as
-JSON with ``--summary-out``. Exit 0 once every record is acknowledged by the broker.
+summary (run id, finished episodes with their attempts, turns, bytes, faults) is printed, and
+written as JSON with ``--summary-out``. Exit 0 once every record is acknowledged by the broker and
+the run is closed: an end-of-run record on every rollout.turns partition (``--run-id``, default a
+fresh uuid hex), so the shard writer writes the last, partial batch. Several generators sharing
+one run pass one ``--run-id`` and ``--no-end-of-run``; then one of them (the last to finish, run
+without ``--no-end-of-run``), or the operator with ``rollout-bus end-run --run-id``, closes the
+run once all are done. A broker outage shorter than ``--delivery-timeout`` (15 min) is ridden
+out: records wait in the producer, a WARNING line every 10 s and the progress line say so.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.client_logs import quiet_client_logs
 
 if TYPE_CHECKING:
+    from producers.broker_wait import BrokerWait
     from producers.generator import GenerateSummary
 
 console = Console(stderr=True)
@@ -33,16 +41,23 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSumm
 
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()
-    ensure_topics(kwargs, topics)
+    ensure_topics(kwargs, topics, max_record_bytes=kafka.max_record_bytes)
     columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
-               "turns sent, {task.fields[mb]:.1f} MB"), TimeElapsedColumn())
+               "turns sent, {task.fields[mb]:.1f} MB{task.fields[note]}"), TimeElapsedColumn())
     began = time.monotonic()
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0)
+        task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="")
         update = lambda s: progress.update(task, completed=len(s.episodes), turns=s.turns_sent,  # noqa: E731
                                            mb=s.bytes_sent / 1e6)
+
+        def on_wait(wait: BrokerWait | None) -> None:
+            note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
+                                            f"{wait.records} records unacknowledged)[/yellow]")
+            progress.update(task, note=note)
+
         bootstrap = kwargs.pop("bootstrap_servers")
-        with TurnPublisher(bootstrap, topic=topics.turns, **kwargs) as publisher:
+        with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
+                           delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait, **kwargs) as publisher:
             summary = publish_generated(settings, publisher, progress=update)
         update(summary)
     return summary, time.monotonic() - began
@@ -70,18 +85,30 @@ def generate(
     truncation_prob: float | None = typer.Option(None, "--truncation-prob",
                                                  help="Chance an episode's last turn runs to max length."),
     inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send a few deliberately bad records."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Names the run in its end-of-run records "
+                                      "(default: a fresh uuid hex)."),
+    end_of_run: bool | None = typer.Option(None, "--end-of-run/--no-end-of-run",
+                                           help="Close the run when done (default), so the shard writer writes the "
+                                                "last, partial batch. --no-end-of-run for one of several generators "
+                                                "sharing a --run-id: the last one, or `rollout-bus end-run`, closes "
+                                                "it."),
+    delivery_timeout: float | None = typer.Option(None, "--delivery-timeout",
+                                                  help="Seconds a record may wait for an unreachable broker before "
+                                                       "the run fails (default 900)."),
     summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
     options.configure_logging(verbose)
+    quiet_client_logs()  # kafka-python's own complaints during an outage: one line per kind every 10 s
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     settings = options.role_settings(
         GenerateSettings, episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt,
         adapters=adapters, max_turns=max_turns, min_response_len=min_response_len,
         max_response_len=max_response_len, vocab_size=vocab_size, temperature=temperature, top_p=top_p,
         top_k=top_k, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
-        tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None)
+        tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
+        run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     try:
         summary, seconds = _run(settings, kafka)
@@ -96,6 +123,9 @@ def generate(
         partial.replace(summary_out)  # a watcher never reads a half-written summary
     console.print(f"sent {summary.turns_sent} turns of {len(summary.episodes)} episodes, "
                   f"{summary.bytes_sent / 1e6:.2f} MB in {seconds:.1f}s; {len(summary.faults)} deliberate faults")
+    closed = (f"closed on {summary.end_of_run_partitions} partitions" if summary.end_of_run_partitions
+              else "left open (--no-end-of-run)")
+    console.print(f"run {summary.run_id}: {closed}")
 
 
 if __name__ == "__main__":  # python -m rollout_bus.cli.generate

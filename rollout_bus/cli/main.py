@@ -10,7 +10,8 @@ from __future__ import annotations
 import typer
 
 from rollout_bus.cli import options
-from rollout_bus.cli import demo, exporter, generate, inspect, kafka, replay, report, shards, stream, tail, topics
+from rollout_bus.cli import (demo, end_run, exporter, generate, inspect, kafka, replay, report, shards, stream, tail,
+                             topics)
 
 app = typer.Typer(
     name="rollout-bus",
@@ -23,6 +24,7 @@ app.add_typer(kafka.app, name="kafka")
 app.add_typer(topics.app, name="topics")
 app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
+app.command("end-run")(end_run.end_run)
 app.command("stream")(stream.stream)
 app.command("shards")(shards.shards)
 app.command("tail")(tail.tail)

@@ -25,6 +25,9 @@ def stream(
     data_dir: str | None = typer.Option(None, "--data-dir", help="Faust's working directory (state is in memory "
                                         "and in the changelog; this holds only Faust's own files)."),
     stats_interval: float | None = typer.Option(None, "--stats-interval", help="Seconds between count logs."),
+    replication_factor: int | None = typer.Option(None, "--replication-factor", min=1,
+                                                  help="Replicas of the topics it creates and of its state "
+                                                       "changelog (3 on a three-broker cluster; default 1)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Run a stream worker until interrupted: rollout.turns in; rollout.episodes, rollout.metrics, rollout.dlq out."""
@@ -32,14 +35,14 @@ def stream(
 
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix, local_port=port)
-    settings = StreamSettings(**options.given(app_id=app_id, window_seconds=window_seconds,
-                                       window_grace_seconds=grace_seconds, data_dir=data_dir,
-                                       stats_interval_seconds=stats_interval))
+    settings = options.role_settings(StreamSettings, app_id=app_id, window_seconds=window_seconds,
+                                     window_grace_seconds=grace_seconds, data_dir=data_dir,
+                                     stats_interval_seconds=stats_interval, replication_factor=replication_factor)
     status = run_worker(app_id=settings.app_id, client_kwargs=kafka.client_kwargs(), topics=kafka.topics(),
                         window_seconds=settings.window_seconds, grace_seconds=settings.window_grace_seconds,
                         data_dir=settings.data_dir or None, stats_interval_s=settings.stats_interval_seconds,
                         commit_interval_s=settings.commit_interval_seconds,
-                        replication_factor=settings.replication_factor)
+                        replication_factor=settings.replication_factor, max_record_bytes=kafka.max_record_bytes)
     raise typer.Exit(status)
 
 

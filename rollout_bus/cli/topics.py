@@ -1,8 +1,9 @@
 """``rollout-bus topics create|list``: the pipeline's topics, from ``rollout_bus.topics``.
 
 ``create`` waits until the cluster answers, then creates every missing pipeline topic
-(``rollout_bus.kafka.admin.ensure_topics``) with the given partition counts and replication factor;
-topics that exist are left as they are (their partition counts are reported). It is what the
+(``rollout_bus.kafka.admin.ensure_topics``) with the given partition counts and replication factor,
+and ``max.message.bytes`` from ``ROLLOUT_BUS_MAX_RECORD_BYTES``; topics that exist keep their
+partitions (and only have a too-small record size limit raised). It is what the
 one-shot ``topics`` service of compose/docker-compose.yml runs before any stage starts, so no stage
 creates a topic with its own defaults. ``list`` needs no broker: it prints each topic's name, what
 it carries and its key. Also ``python -m rollout_bus.cli.topics``.
@@ -64,7 +65,8 @@ def create(
     topics = _topics(kafka.topic_prefix, turns_partitions, episodes_partitions)
     try:
         _wait_for_cluster(kwargs["bootstrap_servers"], timeout)
-        created = ensure_topics(kwargs, topics, replication_factor=replication_factor)
+        created = ensure_topics(kwargs, topics, replication_factor=replication_factor,
+                                max_record_bytes=kafka.max_record_bytes)
     except BrokerError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc

@@ -1,4 +1,18 @@
-"""Topic administration with kafka-python: create the pipeline's topics idempotently."""
+"""Topic administration with kafka-python: create the pipeline's topics idempotently, sized for its records.
+
+Contract of ``ensure_topics``:
+
+* Every pipeline topic (and each of ``extra``) that does not exist is created with its partition
+  count, ``replication_factor``, and ``limits.topic_config(max_record_bytes)`` (``max.message.bytes``
+  large enough for the largest record), so no stage creates a topic with broker defaults.
+* A topic that exists keeps its partitions; if its ``max.message.bytes`` is below what
+  ``max_record_bytes`` needs, it is raised (an incremental config change: its other settings stay).
+  A topic that already allows more is left alone. When the cluster refuses to describe or change
+  it (authorization, an old broker), a WARNING names the topic, its size and the size needed, and
+  the run goes on: records up to the old size still flow, larger ones are dead-lettered by
+  reference.
+* Returns the names created. Two processes racing to create the same topics is fine.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +20,100 @@ import logging
 from typing import Any
 
 from kafka import KafkaAdminClient
-from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
+from rollout_bus.errors import BrokerError
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, topic_config
 from rollout_bus.topics import Topics
 
 logger = logging.getLogger(__name__)
 
+MAX_MESSAGE_BYTES = "max.message.bytes"
+
 
 def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_factor: int = 1,
-                  extra: dict[str, int] | None = None) -> list[str]:
-    """Create every pipeline topic that does not exist yet; return the names created.
+                  extra: dict[str, int] | None = None,
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[str]:
+    """Create every pipeline topic that does not exist yet, and raise the record size limit of those
+    that do where it is too small; return the names created.
 
     ``extra`` maps further topic names to partition counts (tests use it for private topics).
     """
     wanted = {spec.name: spec.partitions for spec in topics.specs()}
     wanted.update(extra or {})
+    configs = topic_config(max_record_bytes)
     admin = KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs)
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(name, partitions, replication_factor) for name, partitions in wanted.items()
-                   if name not in existing]
+        missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
+                          "configs": dict(configs)} for name, partitions in wanted.items() if name not in existing}
         if missing:
             try:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:  # another process won the race: fine
                 pass
-        for topic in missing:
-            logger.info("created topic=%s partitions=%d", topic.name, topic.num_partitions)
-        return [t.name for t in missing]
+        for name, spec in missing.items():
+            logger.info("created topic=%s partitions=%d replication=%d %s=%s", name, spec["num_partitions"],
+                        replication_factor, MAX_MESSAGE_BYTES, configs[MAX_MESSAGE_BYTES])
+        present = sorted(name for name in wanted if name in existing)
+        if present:
+            raise_record_limits(admin, present, int(configs[MAX_MESSAGE_BYTES]))
+        return list(missing)
     finally:
         admin.close()
 
+
+def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) -> list[str]:
+    """Raise ``max.message.bytes`` to ``needed`` on each of ``names`` where it is smaller; return
+    the names raised. Never raises: what the cluster refuses is logged as a WARNING."""
+    try:
+        current = _record_limits(admin, names)
+    except KafkaError as exc:
+        logger.warning("cannot read %s of topics=%s (%s): records over their current limit will be "
+                       "dead-lettered; needed=%d", MAX_MESSAGE_BYTES, ",".join(names), exc, needed)
+        return []
+    small = {name: size for name, size in current.items() if size is not None and size < needed}
+    raised = []
+    for name, size in sorted(small.items()):
+        resource = ConfigResource(ConfigResourceType.TOPIC, name, {MAX_MESSAGE_BYTES: str(needed)})
+        try:
+            outcome = admin.alter_configs([resource]).get("topic", {}).get(name)
+        except (KafkaError, ValueError) as exc:
+            outcome = exc
+        if outcome == "OK":
+            raised.append(name)
+            logger.info("raised %s topic=%s from=%d to=%d", MAX_MESSAGE_BYTES, name, size, needed)
+        else:
+            logger.warning("topic=%s allows records of %s=%d but max_record_bytes needs %d, and raising it "
+                           "failed (%s): records over %d bytes will be dead-lettered", name, MAX_MESSAGE_BYTES,
+                           size, needed, outcome, size)
+    return raised
+
+
+def _record_limits(admin: KafkaAdminClient, names: list[str]) -> dict[str, int | None]:
+    """Each topic's effective ``max.message.bytes`` (None where the cluster did not say)."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, [MAX_MESSAGE_BYTES]) for name in names]
+    described = admin.describe_configs(resources, config_filter="all").get("topic", {})
+    limits: dict[str, int | None] = {}
+    for name in names:
+        entry = described.get(name, {}).get(MAX_MESSAGE_BYTES) or {}
+        try:
+            limits[name] = int(entry["value"])
+        except (KeyError, TypeError, ValueError):
+            limits[name] = None
+    return limits
+
+
+def existing_topics(client_kwargs: dict[str, Any], names: list[str]) -> set[str]:
+    """Which of ``names`` exist on the cluster; ``BrokerError`` when the cluster does not answer."""
+    try:
+        admin = KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach the cluster at {client_kwargs.get('bootstrap_servers')!r}: {exc}") from exc
+    try:
+        return set(admin.list_topics()) & set(names)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot list the topics at {client_kwargs.get('bootstrap_servers')!r}: {exc}") from exc
+    finally:
+        admin.close()

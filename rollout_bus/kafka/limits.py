@@ -20,6 +20,7 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 MAX_RECORD_BYTES_CEILING = 96 << 20
 HEADROOM_BYTES = 1 << 20  # key, headers and batch framing around the largest value
 COMPRESSION = "lz4"
+SEGMENT_BYTES_FLOOR = 256 << 20
 
 
 def _limit(max_record_bytes: int) -> int:
@@ -27,14 +28,21 @@ def _limit(max_record_bytes: int) -> int:
 
 
 def topic_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, str]:
-    """Topic-level configs for every pipeline topic (and the stream state changelog)."""
-    return {"max.message.bytes": str(_limit(max_record_bytes))}
+    """Topic-level configs for every pipeline topic (and the stream state changelog): the record
+    limit, and log segments at least twice that (a batch larger than a segment is refused)."""
+    limit = _limit(max_record_bytes)
+    return {"max.message.bytes": str(limit), "segment.bytes": str(max(SEGMENT_BYTES_FLOOR, 2 * limit))}
 
 
 def producer_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:
-    """kafka-python ``KafkaProducer`` keywords: requests and buffer large enough, lz4."""
-    limit = _limit(max_record_bytes)
-    return {"max_request_size": limit, "buffer_memory": max(32 << 20, 2 * limit), "compression_type": COMPRESSION}
+    """kafka-python ``KafkaProducer`` keywords: requests large enough, lz4."""
+    return {"max_request_size": _limit(max_record_bytes), "compression_type": COMPRESSION}
+
+
+def pending_bytes_limit(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
+    """Bytes a publisher lets wait unacknowledged at once (kafka-python 3 has no buffer pool of its
+    own, so the publisher bounds it): room for two of the largest records, at least 32 MiB."""
+    return max(32 << 20, 2 * _limit(max_record_bytes))
 
 
 def consumer_config(max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict[str, Any]:

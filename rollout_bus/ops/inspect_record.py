@@ -7,8 +7,9 @@ Contract:
   ``turns`` the parsed turn headers and the sample; ``episodes`` the ``EpisodeInfo`` and every
   segment; ``dlq`` the ``dlq.*`` headers and the original record decoded by the kind of its
   source topic (or, when it does not decode, why: that is what a dead letter is for);
-  ``metrics`` and ``shards`` the JSON document. An unknown topic is tried as JSON, then as an
-  episode, then as a turn. A sample is described in full: identity (adapter, group_index, index,
+  ``metrics`` and ``shards`` the JSON document. A control record (``control`` header: end-of-run,
+  abandoned; on any topic) is its JSON value with ``control`` naming its kind, never taken for a
+  turn or an episode. An unknown topic is tried as JSON, then as an episode, then as a turn. A sample is described in full: identity (adapter, group_index, index,
   rollout_id, plus attempt and turn from the record), status, reward, every token, the loss mask,
   log-probs, the sampling support as CSR (``ids``/``offsets``), and ``forced``: the response
   positions whose support is the singleton of the token itself (inserted by the environment).
@@ -38,7 +39,7 @@ from rollout_bus.codec import decode_samples
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError, ContractError
 from rollout_bus.ops.offsets import Position, fetch_record, parse_position, topic_kind
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, decode_episode
+from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind, decode_episode
 from rollout_bus.sample import Sample
 
 PREVIEW_BYTES = 64
@@ -136,6 +137,9 @@ _DECODERS = {"turns": _turn, "episodes": _episode, "metrics": _json, "shards": _
 
 def _decode(kind: str | None, key: Any, value: bytes | None, headers: Any) -> dict[str, Any]:
     """Decode by topic kind; an unknown kind tries JSON, an episode, a turn, in that order."""
+    control = control_kind(headers)
+    if control is not None:
+        return {**_json(key, value, headers), "control": control}
     if kind in _DECODERS:
         return _DECODERS[kind](key, value, headers)
     errors = []

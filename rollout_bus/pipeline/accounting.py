@@ -1,9 +1,20 @@
-"""Reconciling a run: every episode the generator finished is in exactly one batch, or in the DLQ.
+"""Reconciling a run: every valid episode the generator finished is in exactly one batch.
 
-The generator's summary lists the episodes it finished as (rollout key string, attempt). Each batch's
-manifest lists the episodes it holds; each dead letter carries the original record key. An episode
-is accounted for when it is in exactly one written batch (with the attempt that was sent last), or,
-when in no batch, has at least one dead letter saying why.
+The generator's summary lists the episodes it finished as (rollout key string, attempt), and the
+deliberate faults it injected (``producers/faults.py``). Each batch's manifest lists the episodes
+it holds; each dead letter carries the original record key. An episode is accounted for when it is
+in exactly one written batch (with the attempt that was sent last), or, when in no batch, has at
+least one dead letter saying why (``settled``: nothing more is awaited).
+
+The run is ``ok`` only when, besides, every *valid* episode is in a batch. The rule for an episode
+found only in the DLQ:
+
+* a deliberate fault's own episode (``replay-gap`` in the summary's faults) is expected there;
+* when the run injected faults, an episode whose dead letter is of kind ``mask-check`` is expected
+  there too: the replay-gap episode fails the whole-batch mask check and takes every episode of its
+  batch to the DLQ with it. Without injected faults a failed mask check is a real failure;
+* any other finished episode only in the DLQ is a valid episode lost: counted in
+  ``valid_in_dlq_only`` and reported as a problem.
 """
 
 from __future__ import annotations
@@ -17,6 +28,9 @@ from typing import Any, Iterable
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.shards import MANIFEST_NAME, verify_batch
 
+FAULT_EPISODE_KINDS = ("replay-gap",)  # faults whose own episode is meant to end in the DLQ
+BATCH_MATE_DLQ_KIND = "mask-check"     # what the replay-gap episode's batch-mates are dead-lettered as
+
 
 @dataclass
 class Reconciliation:
@@ -25,6 +39,7 @@ class Reconciliation:
     sent: int = 0
     in_shards: int = 0
     in_dlq_only: int = 0
+    valid_in_dlq_only: dict[str, list[str]] = field(default_factory=dict)  # key -> its dead letters' kinds
     missing: list[str] = field(default_factory=list)
     duplicated: dict[str, list[int]] = field(default_factory=dict)
     wrong_attempt: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -34,13 +49,22 @@ class Reconciliation:
     bad_batches: dict[str, str] = field(default_factory=dict)
 
     @property
+    def settled(self) -> bool:
+        """Every episode sent is in a batch or in the DLQ: nothing more is awaited."""
+        return not self.missing
+
+    @property
     def ok(self) -> bool:
-        return not (self.missing or self.duplicated or self.wrong_attempt or self.unexpected or self.bad_batches)
+        return not (self.missing or self.duplicated or self.wrong_attempt or self.unexpected or self.bad_batches
+                    or self.valid_in_dlq_only)
 
     def problems(self, limit: int = 5) -> list[str]:
         out = []
         if self.missing:
             out.append(f"{len(self.missing)} episodes in no batch and not in the DLQ, e.g. {self.missing[:limit]}")
+        if self.valid_in_dlq_only:
+            out.append(f"{len(self.valid_in_dlq_only)} valid episodes only in the DLQ (not deliberate faults), "
+                       f"e.g. {list(self.valid_in_dlq_only.items())[:limit]}")
         if self.duplicated:
             out.append(f"{len(self.duplicated)} episodes in more than one batch, e.g. "
                        f"{list(self.duplicated.items())[:limit]}")
@@ -63,8 +87,13 @@ def written_batches(out_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iterable[DeadLetter],
-              *, verify: bool = True) -> Reconciliation:
-    """Match the episodes sent against the batches on disk and the dead letters."""
+              *, verify: bool = True, faults: Iterable[dict] | None = None) -> Reconciliation:
+    """Match the episodes sent against the batches on disk and the dead letters.
+
+    ``faults`` are the generator summary's deliberate faults (none: the run injected none).
+    """
+    faults = list(faults or [])
+    expected_dead = {f.get("key") for f in faults if f.get("kind") in FAULT_EPISODE_KINDS}
     result = Reconciliation()
     sent_attempt = {key: attempt for key, attempt in sent}
     result.sent = len(sent_attempt)
@@ -84,7 +113,7 @@ def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iter
     reasons: dict[str, int] = defaultdict(int)
     for letter in dead_letters:
         key = letter.key.decode(errors="replace") if letter.key else ""
-        dead_keys[key].append(letter.reason)
+        dead_keys[key].append(letter.kind)
         reasons[f"{letter.stage}/{letter.kind}"] += 1
     result.dlq_reasons = dict(sorted(reasons.items()))
     for key, attempt in sent_attempt.items():
@@ -97,6 +126,9 @@ def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iter
                 result.wrong_attempt[key] = (attempt, placed_attempt[key])
         elif dead_keys.get(key):
             result.in_dlq_only += 1
+            batch_mate = bool(faults) and BATCH_MATE_DLQ_KIND in dead_keys[key]
+            if key not in expected_dead and not batch_mate:
+                result.valid_in_dlq_only[key] = sorted(set(dead_keys[key]))
         else:
             result.missing.append(key)
     result.unexpected = sorted(set(placed) - set(sent_attempt))

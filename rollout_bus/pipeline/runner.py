@@ -1,7 +1,12 @@
 """The main job: generator, stream worker and shard writer as separate processes, watched to the end.
 
-The run succeeds (exit 0) only when every episode the generator finished is in exactly one written
-batch, or in the DLQ with a reason; everything it started is stopped either way.
+Batch boundaries come from the log alone: full step batches, then the last, partial batch once the
+generator's end-of-run records have come through the stream stage; the shard writer runs with
+``--exit-on-end-of-run`` and exits 0 when that batch is written and committed, so the demo knows
+nothing more will come. The run succeeds (exit 0) only when every valid episode the generator
+finished is in exactly one written batch (``pipeline.accounting``: only the deliberate faults of
+``--inject-faults``, and the batch-mates their failed mask check takes along, may end in the DLQ);
+everything it started is stopped either way.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES
 from rollout_bus.pipeline.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.pipeline.processes import StageProcess
 from rollout_bus.pipeline.watch import TopicWatcher
@@ -38,8 +44,8 @@ class DemoOptions:
     out: Path | None = None
     topic_prefix: str | None = None
     inject_faults: bool = False
-    idle_flush_s: float = 3.0
     timeout_s: float = 300.0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # the stages read ROLLOUT_BUS_MAX_RECORD_BYTES themselves
     generator_args: list[str] = field(default_factory=list)
 
 
@@ -75,7 +81,7 @@ class DemoRun:
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
-            "--idle-flush-s", str(o.idle_flush_s)], logs / "shards.log")
+            "--exit-on-end-of-run"], logs / "shards.log")
         if not generator:
             return
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
@@ -94,13 +100,29 @@ class DemoRun:
         for stage in reversed(list(self.stages.values())):
             stage.stop()
 
-    def _sent(self) -> list[tuple[str, int]] | None:
+    def _summary(self) -> dict | None:
         if not self.summary_path.exists():
             return None
-        return [(k, int(a)) for k, a in json.loads(self.summary_path.read_text())["episodes"]]
+        return json.loads(self.summary_path.read_text())
+
+    def _sent(self) -> list[tuple[str, int]] | None:
+        summary = self._summary()
+        return None if summary is None else [(k, int(a)) for k, a in summary["episodes"]]
+
+    def _faults(self) -> list[dict]:
+        return list((self._summary() or {}).get("faults", []))
+
+    def reconcile(self, watcher: TopicWatcher, *, verify: bool) -> Reconciliation | None:
+        """The run's accounting as of now (None before the generator wrote its summary)."""
+        sent = self._sent()
+        if sent is None:
+            return None
+        return reconcile(sent, self.out / "shards", watcher.dead_letters(self.topics.dlq), verify=verify,
+                         faults=self._faults())
 
     def watch(self, watcher: TopicWatcher) -> tuple[Reconciliation | None, str | None]:
-        """Show progress until every episode is accounted for; return the last reconciliation and any failure."""
+        """Show progress until every valid episode is placed, or the shard writer closed the run (then
+        nothing more will come); return the last reconciliation and any failure."""
         t = self.topics
         columns = [TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         with Progress(*columns, console=self.console, transient=False) as progress:
@@ -120,18 +142,22 @@ class DemoRun:
                 failure = self._failed_stage()
                 if failure:
                     return result, failure
-                sent = self._sent()
-                if sent is not None and self.stages["generate"].poll() == 0:
+                if self.stages["generate"].poll() == 0 and self._summary() is not None:
                     progress.update(bars["turns"], total=counts[t.turns])
-                    result = reconcile(sent, self.out / "shards", watcher.dead_letters(t.dlq), verify=False)
+                    result = self.reconcile(watcher, verify=False)
                     if result.ok:
                         return result, None
+                    if self.stages["shards"].poll() == 0:  # the run is closed: nothing more will come
+                        watcher.catch_up()
+                        return self.reconcile(watcher, verify=False), None
             return result, f"timed out after {self.options.timeout_s:.0f}s"
 
     def _failed_stage(self) -> str | None:
+        """A stage that exited when it should not have: any non-zero exit, or the stream worker at all
+        (the generator exits 0 when done, the shard writer once the run's last batch is written)."""
         for name, stage in self.stages.items():
             code = stage.poll()
-            if code not in (None, 0) or (code == 0 and name != "generate"):
+            if code not in (None, 0) or (code == 0 and name not in ("generate", "shards")):
                 return f"stage {name} exited with code {code}; last lines of {stage.log_path}:\n{stage.log_tail()}"
         return None
 
@@ -139,20 +165,18 @@ class DemoRun:
 def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> int:
     """Run the pipeline once; print progress, metrics and where the shards are; return the exit code."""
     run = DemoRun(client_kwargs, options, console)
-    created = ensure_topics(client_kwargs, run.topics)
+    created = ensure_topics(client_kwargs, run.topics, max_record_bytes=options.max_record_bytes)
     console.print(f"run {run.run_id}: topics {run.topics.prefix}rollout.* ({len(created)} created), out {run.out}")
     began = time.monotonic()
     watcher = TopicWatcher(client_kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq],
-                           [run.topics.dlq, run.topics.metrics])
+                           [run.topics.dlq, run.topics.metrics], data_topics=[run.topics.turns, run.topics.episodes])
     try:
         run.start_stages()
         result, failure = run.watch(watcher)
-        watcher.read_new(timeout_ms=500)
+        watcher.catch_up()
     finally:
         run.stop_stages()
-    final = None
-    if run._sent() is not None:
-        final = reconcile(run._sent(), run.out / "shards", watcher.dead_letters(run.topics.dlq), verify=True)
+    final = run.reconcile(watcher, verify=True)
     window_records = [v for v in watcher.json_values(run.topics.metrics) if v.get("kind") == "window"]
     watcher.close()
     print_report(console, run, final, window_records, time.monotonic() - began)
@@ -192,7 +216,8 @@ def print_report(console: Console, run: DemoRun, result: Reconciliation | None, 
     console.print(f"window metrics: {len(windows)} records on {run.topics.metrics} ({len(closed)} closed windows)")
     if result is not None:
         console.print(f"episodes sent {result.sent}: {result.in_shards} in shards, {result.in_dlq_only} only in "
-                      f"the DLQ; {result.batches} batches; dead letters by stage/kind: {result.dlq_reasons or 'none'}")
+                      f"the DLQ ({len(result.valid_in_dlq_only)} of them valid episodes lost); {result.batches} "
+                      f"batches; dead letters by stage/kind: {result.dlq_reasons or 'none'}")
     console.print(f"shards: {(run.out / 'shards').resolve()}  (logs: {(run.out / 'logs').resolve()})")
     console.print(f"finished in {elapsed_s:.1f}s")
 

@@ -22,15 +22,18 @@ def run_pipeline(bootstrap: str, out: Path, *, seed: int = 7, episodes: int = 24
                  **options) -> tuple[DemoRun, Reconciliation]:
     """One run on fresh topics; returns the run and its reconciliation (asserting the run finished)."""
     opts = DemoOptions(episodes=episodes, seed=seed, out=out, n_samples_per_prompt=4, groups_per_batch=2,
-                       dp_size=2, idle_flush_s=30.0, timeout_s=240.0, **options)
+                       dp_size=2, timeout_s=240.0, **options)
     run = DemoRun({"bootstrap_servers": bootstrap}, opts, Console(file=io.StringIO()))
     ensure_topics(run.kwargs, run.topics)
-    watcher = TopicWatcher(run.kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq], [run.topics.dlq])
+    watcher = TopicWatcher(run.kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq], [run.topics.dlq],
+                           data_topics=[run.topics.turns, run.topics.episodes])
     try:
         run.start_stages()
         if drill is not None:
             drill(run, watcher)
         result, failure = run.watch(watcher)
+        watcher.catch_up()
+        result = run.reconcile(watcher, verify=True) if failure is None else result
     finally:
         run.stop_stages()
         watcher.close()
@@ -61,7 +64,13 @@ def kill_and_restart(stage: str, when: Callable[[DemoRun, TopicWatcher], bool]) 
 
 
 def episodes_emitted_at_least(n: int) -> Callable[[DemoRun, TopicWatcher], bool]:
-    return lambda run, watcher: watcher.counts()[run.topics.episodes] >= n
+    """Episode records (control records not counted) read so far."""
+
+    def enough(run: DemoRun, watcher: TopicWatcher) -> bool:
+        watcher.read_new(timeout_ms=100)
+        return watcher.counts()[run.topics.episodes] >= n
+
+    return enough
 
 
 def batches_written_at_least(n: int) -> Callable[[DemoRun, TopicWatcher], bool]:

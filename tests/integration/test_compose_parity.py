@@ -35,7 +35,6 @@ EPISODES = 24
 COMPOSE_ENV = {  # what a user would put in compose/.env for a small run
     "ROLLOUT_BUS_EPISODES": str(EPISODES),
     "ROLLOUT_BUS_TURNS_PARTITIONS": "6",
-    "ROLLOUT_BUS_IDLE_FLUSH_S": "3",
 }
 GROUP_NAMES = ("ROLLOUT_BUS_APP_ID", "ROLLOUT_BUS_GROUP_ID")  # cluster-wide names: unique per run
 

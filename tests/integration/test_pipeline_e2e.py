@@ -110,3 +110,25 @@ def test_injected_faults_land_in_the_dlq_with_reasons_and_the_run_still_accounts
     run, result = run_pipeline(kafka_bootstrap, tmp_path, inject_faults=True)
     assert result.dlq_reasons, "the injected bad records must be dead-lettered"
     assert sum(result.dlq_reasons.values()) >= 2
+    # the replay gap fails its batch's mask check: it and its batch-mates are in the DLQ, and allowed there
+    assert result.dlq_reasons.get("shards/mask-check", 0) >= 2 and result.in_dlq_only >= 2
+    assert result.valid_in_dlq_only == {} and result.in_shards + result.in_dlq_only == result.sent == 24
+    summary = json.loads(run.summary_path.read_text())
+    assert summary["end_of_run_partitions"] == run.topics.turns_partitions and len(summary["run_id"]) == 32
+
+
+def test_a_valid_episode_that_ends_only_in_the_dlq_fails_the_reconciliation(kafka_bootstrap, tmp_path):
+    """The same faults, judged as if none had been injected: the mask-check batch-mates are valid episodes lost."""
+    from rollout_bus.pipeline.accounting import reconcile
+    from rollout_bus.pipeline.watch import TopicWatcher
+
+    run, _ = run_pipeline(kafka_bootstrap, tmp_path, inject_faults=True, seed=11)
+    watcher = TopicWatcher(run.kwargs, [], [run.topics.dlq])
+    try:
+        watcher.catch_up()
+        letters = watcher.dead_letters(run.topics.dlq)
+    finally:
+        watcher.close()
+    judged = reconcile(run._sent(), run.out / "shards", letters, verify=False, faults=None)
+    assert not judged.ok and len(judged.valid_in_dlq_only) >= 1
+    assert any("valid episodes only in the DLQ" in p for p in judged.problems())

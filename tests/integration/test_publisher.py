@@ -18,8 +18,10 @@ from producers.publisher import TurnPublisher
 from rollout_bus.codec import decode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import BrokerError, ContractError
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
 from rollout_bus.metrics import get_rollout_key
-from rollout_bus.records import TURN_FIELDS, TurnHeaders
+from rollout_bus.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders, control_kind
 from rollout_bus.sample import Sample, Status
 from rollout_bus.topics import rollout_key_string
 
@@ -99,6 +101,21 @@ def test_extra_kafka_config_passes_through_to_the_producer(client_kwargs, topics
         assert publisher._producer.config["acks"] == -1
 
 
+def end_of_run_markers(records) -> dict[int, list[EndOfRun]]:
+    """The end-of-run records by partition (each checked to be its partition's last record)."""
+    by_partition: dict[int, list] = {}
+    for record in records:
+        by_partition.setdefault(record.partition, []).append(record)
+    markers = {}
+    for partition, found in by_partition.items():
+        ends = [r for r in found if control_kind(r.headers) == "end-of-run"]
+        assert all(r.key == END_OF_RUN_KEY for r in ends)
+        if ends:
+            assert found[-1] is ends[-1], f"records after the end of run on partition {partition}"
+        markers[partition] = [EndOfRun.from_value(r.value) for r in ends]
+    return markers
+
+
 def test_generate_command_publishes_every_turn_and_accounts_for_every_episode(client_kwargs, topics, tmp_path):
     summary_path = tmp_path / "summary.json"
     prefix = topics.turns[: -len("rollout.turns")]
@@ -108,7 +125,12 @@ def test_generate_command_publishes_every_turn_and_accounts_for_every_episode(cl
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(summary_path.read_text())
-    records = read_all(client_kwargs, topics.turns, summary["turns_sent"])
+    everything = read_all(client_kwargs, topics.turns, summary["turns_sent"] + topics.turns_partitions)
+    markers = end_of_run_markers(everything)
+    run = summary["run_id"]
+    assert len(run) == 32 and run in done.stderr and summary["end_of_run_partitions"] == topics.turns_partitions
+    assert markers == {p: [EndOfRun(run)] for p in range(topics.turns_partitions)}
+    records = [r for r in everything if control_kind(r.headers) is None]
     assert len(records) == summary["turns_sent"] >= 8
     finals = [(r.key.decode(), TurnHeaders.from_kafka(r.headers).attempt) for r in records
               if TurnHeaders.from_kafka(r.headers).final]
@@ -121,11 +143,71 @@ def test_generate_command_publishes_every_turn_and_accounts_for_every_episode(cl
 
 
 def test_a_delivery_failure_surfaces_on_flush(client_kwargs, topics):
-    publisher = TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_request_size=8_000_000,
-                              compression_type="gzip")
-    too_big = np.random.default_rng(0).bytes(3_000_000)  # incompressible, over the broker's 1 MB record limit
+    small = f"{topics.turns}.small"
+    ensure_topics(client_kwargs, topics, extra={small: 1}, max_record_bytes=1 << 20)  # created: a 2 MiB limit
+    publisher = TurnPublisher(client_kwargs["bootstrap_servers"], topic=small, compression_type="gzip")
+    too_big = np.random.default_rng(0).bytes(3_000_000)  # incompressible, over that topic's limit
     future = publisher.send_raw(b"k", too_big, [])
     with pytest.raises(BrokerError, match="failed delivery"):
         publisher.flush(timeout=60)
     assert future.failed()
     publisher.close(timeout=5)  # the failure was reported once; closing is clean
+
+
+def test_a_turn_over_max_record_bytes_is_refused_before_sending_with_its_key_turn_size_and_limit(client_kwargs,
+                                                                                                   topics):
+    big = Sample(group_index=3, index=1, rollout_id=1, tokens=list(range(400_000)), response_length=2,
+                 loss_mask=[1, 1], status=Status.COMPLETED)
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_record_bytes=1 << 20) as publisher:
+        with pytest.raises(ContractError, match=r'turn=2 of rollout key=\[null,null,"rollout",3,1\]: its encoded '
+                                                r"value is \d+ bytes, over max_record_bytes=1048576"):
+            publisher.publish_turn(big, turn=2, final=True, group_size=2)
+        assert publisher.records_sent == 0
+    assert read_all(client_kwargs, topics.turns, 0, timeout_s=3) == []
+
+
+def test_the_producer_is_sized_by_max_record_bytes_patient_for_outages_and_explicit_settings_win(client_kwargs,
+                                                                                                   topics):
+    sized = producer_config(8 << 20)["max_request_size"]
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_record_bytes=8 << 20,
+                       delivery_timeout_s=600) as publisher:
+        config = publisher._producer.config
+        assert config["max_request_size"] == sized and config["compression_type"] == "lz4"
+        assert config["delivery_timeout_ms"] == config["max_block_ms"] == 600_000
+        assert config["allow_auto_create_topics"] is False
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_record_bytes=8 << 20,
+                       max_request_size=3 << 20, delivery_timeout_ms=90_000) as publisher:
+        assert publisher._producer.config["max_request_size"] == 3 << 20
+        assert publisher._producer.config["delivery_timeout_ms"] == 90_000
+    # limits.producer_config passes straight in; kafka-python 3 has no buffer pool, the publisher bounds what waits
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns, max_record_bytes=8 << 20,
+                       **producer_config(8 << 20)) as publisher:
+        assert publisher._pending_limit == pending_bytes_limit(8 << 20)
+        publisher.send_raw(b"k", b"v", [])
+
+
+def test_end_of_run_goes_to_every_partition_after_everything_sent_before(client_kwargs, topics):
+    turns = list(iter_turns(small_settings()))
+    with TurnPublisher(client_kwargs["bootstrap_servers"], topic=topics.turns) as publisher:
+        for sample, args in turns:
+            publisher.publish_turn(sample, **args)
+        assert publisher.publish_end_of_run("r1") == topics.turns_partitions
+        assert publisher.records_sent == len(turns)
+    records = read_all(client_kwargs, topics.turns, len(turns) + topics.turns_partitions)
+    assert end_of_run_markers(records) == {p: [EndOfRun("r1")] for p in range(topics.turns_partitions)}
+    assert len(records) == len(turns) + topics.turns_partitions
+
+
+def test_end_run_command_closes_a_run_by_hand_and_refuses_a_topic_that_does_not_exist(client_kwargs, topics):
+    prefix = topics.turns[: -len("rollout.turns")]
+    base = [sys.executable, "-m", "rollout_bus.cli.end_run", "--bootstrap-servers", client_kwargs["bootstrap_servers"]]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([*base, "--topic-prefix", prefix, "--run-id", "by-hand"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"run by-hand closed on {topics.turns_partitions} partitions" in done.stderr
+    records = read_all(client_kwargs, topics.turns, topics.turns_partitions)
+    assert end_of_run_markers(records) == {p: [EndOfRun("by-hand")] for p in range(topics.turns_partitions)}
+    missing = subprocess.run([*base, "--topic-prefix", "no-such-prefix-x.", "--run-id", "r"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, env=env)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr

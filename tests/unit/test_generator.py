@@ -53,6 +53,7 @@ class MemoryPublisher:
 
     def __init__(self) -> None:
         self.turns, self.raw, self.bytes_sent, self.flushed = [], [], 0, 0
+        self.ended: list[tuple[str, int, int]] = []  # (run, turns before it, flushes before it)
 
     def publish_turn(self, sample, *, turn, final, attempt=0, group_size):
         self.turns.append((sample, dict(turn=turn, final=final, attempt=attempt, group_size=group_size)))
@@ -63,6 +64,10 @@ class MemoryPublisher:
 
     def flush(self):
         self.flushed += 1
+
+    def publish_end_of_run(self, run):
+        self.ended.append((run, len(self.turns) + len(self.raw), self.flushed))
+        return 4
 
 
 # --- determinism ---------------------------------------------------------------------------------
@@ -259,6 +264,25 @@ def test_faults_are_injected_only_when_asked():
     assert len(merge_samples([s for ts in gap for s, _ in ts])) > 1  # the replay gap splits the episode
     late_sample, late = loud.turns[-1]
     assert not late["final"] and late["turn"] > 0
+
+
+def test_a_run_is_closed_after_everything_it_sent_and_named_in_the_summary():
+    publisher = MemoryPublisher()
+    summary = publish_generated(small(inject_faults=True, run_id="run-7"), publisher)
+    assert publisher.ended == [("run-7", len(publisher.turns) + len(publisher.raw), 1)]
+    assert summary.run_id == "run-7" and summary.end_of_run_partitions == 4
+    assert summary.to_json()["run_id"] == "run-7" and summary.to_json()["end_of_run_partitions"] == 4
+
+
+def test_each_run_gets_a_fresh_id_and_no_end_of_run_leaves_it_open():
+    first, second = MemoryPublisher(), MemoryPublisher()
+    a, b = publish_generated(small(), first), publish_generated(small(), second)
+    assert a.run_id != b.run_id and len(a.run_id) == 32 and int(a.run_id, 16) >= 0
+    assert [run for run, _, _ in first.ended] == [a.run_id]
+
+    shared = MemoryPublisher()
+    summary = publish_generated(small(run_id="shared", end_of_run=False), shared)
+    assert shared.ended == [] and summary.end_of_run_partitions == 0 and summary.run_id == "shared"
 
 
 def test_unusable_settings_are_refused():

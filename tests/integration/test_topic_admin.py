@@ -1,0 +1,75 @@
+"""ensure_topics sizes every topic for the largest record: creates them so, raises existing ones, warns when refused."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import ClusterAuthorizationFailedError
+
+from rollout_bus.kafka.admin import ensure_topics, existing_topics, raise_record_limits
+from rollout_bus.kafka.limits import topic_config
+from rollout_bus.topics import Topics
+
+pytestmark = pytest.mark.kafka
+LIMIT = "max.message.bytes"
+
+
+def configs(client_kwargs: dict, names: list[str], keys: list[str]) -> dict[str, dict[str, str]]:
+    admin = KafkaAdminClient(**client_kwargs)
+    try:
+        found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n, keys) for n in names],
+                                       config_filter="all")["topic"]
+    finally:
+        admin.close()
+    return {name: {k: found[name][k]["value"] for k in keys} for name in names}
+
+
+def test_every_topic_is_created_with_the_record_size_limit_of_max_record_bytes(client_kwargs):
+    topics = Topics(prefix=f"a{uuid.uuid4().hex[:10]}.")
+    created = ensure_topics(client_kwargs, topics, max_record_bytes=8 << 20)
+    assert sorted(created) == sorted(topics.names())
+    wanted = topic_config(8 << 20)[LIMIT]
+    assert {n: c[LIMIT] for n, c in configs(client_kwargs, topics.names(), [LIMIT]).items()} == \
+        {n: wanted for n in topics.names()}
+    assert ensure_topics(client_kwargs, topics, max_record_bytes=8 << 20) == []  # idempotent
+    assert existing_topics(client_kwargs, [topics.turns, "no-such-topic-here"]) == {topics.turns}
+
+
+def test_an_existing_topic_with_a_smaller_limit_is_raised_keeping_its_other_settings(client_kwargs, caplog):
+    topics = Topics(prefix=f"a{uuid.uuid4().hex[:10]}.")
+    admin = KafkaAdminClient(**client_kwargs)
+    try:  # as an older version, or a person, would have made them
+        admin.create_topics({topics.turns: {"num_partitions": 2, "replication_factor": 1,
+                                            "configs": {"cleanup.policy": "compact", "retention.ms": "3600000"}},
+                             topics.dlq: {"num_partitions": 1, "replication_factor": 1,
+                                          "configs": {LIMIT: str(200 << 20)}}})
+    finally:
+        admin.close()
+    caplog.set_level(logging.INFO, logger="rollout_bus.kafka.admin")
+    created = ensure_topics(client_kwargs, topics)
+    assert topics.turns not in created and topics.dlq not in created
+    found = configs(client_kwargs, [topics.turns, topics.dlq], [LIMIT, "cleanup.policy", "retention.ms"])
+    assert found[topics.turns] == {LIMIT: topic_config()[LIMIT], "cleanup.policy": "compact", "retention.ms": "3600000"}
+    assert found[topics.dlq][LIMIT] == str(200 << 20)  # already larger: left alone
+    assert any(f"raised {LIMIT} topic={topics.turns}" in r.getMessage() for r in caplog.records)
+
+
+class RefusingAdmin:
+    """Describes a small limit, refuses every change (as a cluster without ALTER_CONFIGS rights would)."""
+
+    def describe_configs(self, resources, config_filter="all"):
+        return {"topic": {r.name: {LIMIT: {"value": "1048588"}} for r in resources}}
+
+    def alter_configs(self, resources):
+        raise ClusterAuthorizationFailedError("no ALTER_CONFIGS")
+
+
+def test_a_refused_raise_is_a_warning_naming_the_topic_and_both_sizes(caplog):
+    caplog.set_level(logging.WARNING, logger="rollout_bus.kafka.admin")
+    assert raise_record_limits(RefusingAdmin(), ["x.rollout.turns"], 68157440) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "topic=x.rollout.turns" in line and "1048588" in line and "68157440" in line
