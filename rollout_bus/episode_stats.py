@@ -15,8 +15,8 @@ Contract:
   - rewards: the exact ``Fraction`` sum of per-rollout mean rewards and the number of rollouts
     that had a numeric reward, for all rollouts and per adapter name.
 
-* Rewards: numeric means bool, int or a finite float (NaN and infinities count as no reward,
-  as in ``train_data``, where NaN marks a non-numeric reward); None, dicts and strings are
+* Rewards: numeric as ``sample.reward_number`` says: a bool (numpy's too), an int or a finite
+  float (NaN and infinities count as no reward, as in ``train_data``, where NaN marks a non-numeric reward); None, dicts and strings are
   skipped. The source is ``metadata["raw_reward"]`` for every sample when the *first sample of
   the batch* has that key, else ``reward`` (miles' rule); a sample lacking the chosen source has
   no reward.
@@ -37,17 +37,15 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.sample import AdapterRef, Sample
+from rollout_bus.sample import AdapterRef, Sample, reward_number
 
 RolloutKey = tuple[AdapterRef | None, str, int | None, Any]
 Scope = str | None
@@ -77,15 +75,9 @@ def reward_source(first: Sample) -> str:
 
 
 def numeric_reward(value: Any) -> Fraction | None:
-    """The exact value of a numeric reward, or None for one that does not count."""
-    if isinstance(value, (bool, np.bool_)):
-        return Fraction(int(value))
-    if isinstance(value, numbers.Integral):
-        return Fraction(int(value))
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return Fraction(number) if math.isfinite(number) else None
-    return None
+    """The exact value of a reward that counts (``sample.reward_number``), or None."""
+    number = reward_number(value)
+    return None if number is None else Fraction(number)
 
 
 def rollout_reward(segments: Iterable[Sample], source: str) -> Fraction | None:

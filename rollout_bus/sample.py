@@ -16,6 +16,8 @@ Contract:
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -48,6 +50,29 @@ class Status(str, Enum):
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def reward_number(value: Any) -> int | float | None:
+    """The one rule for which rewards count, shared by the metrics and ``train_data``.
+
+    A bool (Python's or numpy's: a pass/fail verifier) counts as 0 or 1; an integer (numpy's
+    included) as itself; any other real number when it is finite. NaN, infinities, None, strings,
+    dicts and everything else do not count (None is returned): the metrics skip them and
+    ``train_data`` gives them a NaN raw reward and a normalised reward of 0.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def is_version_number(version: Any) -> bool:
+    """A weight version is numeric when it is non-empty ASCII decimal digits ("12"; not "²" or "٣")."""
+    return isinstance(version, str) and version.isascii() and version.isdigit()
 
 
 def _values_equal(a: Any, b: Any) -> bool:
@@ -115,8 +140,8 @@ class Sample:
 
     @property
     def oldest_weight_version(self) -> int | None:
-        """The smallest all-digit entry of ``weight_versions`` as an int; None if there is none."""
-        numeric = [int(v) for v in self.weight_versions if isinstance(v, str) and v.isdigit()]
+        """The smallest numeric entry (``is_version_number``) of ``weight_versions`` as an int; None if none."""
+        numeric = [int(v) for v in self.weight_versions if is_version_number(v)]
         return min(numeric) if numeric else None
 
     def _where(self) -> str:

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import bisect
 import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from rollout_bus.errors import ConfigError, ContractError, MaskCheckError, must_be
-from rollout_bus.sample import Sample, Status
+from rollout_bus.sample import Sample, Status, reward_number
 from rollout_bus.shards import (
     MANIFEST_NAME,
     ShardSample,
@@ -203,6 +202,9 @@ def convert_samples_to_train_data(
     if normalization not in NORMALIZATIONS:
         raise ConfigError(must_be("normalization", f"one of {', '.join(NORMALIZATIONS)}", normalization))
     samples = list(samples)
+    for position, sample in enumerate(samples):
+        if not isinstance(sample, Sample):
+            raise ContractError(must_be("sample", "a Sample", type(sample).__name__, where=f"batch position={position}"))
     has_masks = _check_masks_everywhere(samples)
     _validate_samples(samples)
     has_log_probs = _check_log_probs_everywhere(samples)
@@ -234,12 +236,11 @@ def convert_samples_to_train_data(
 
 
 def _reward_value(reward: Any, reward_key: str | None) -> float:
-    """The scalar reward of one sample; NaN when it is not a real number."""
+    """The scalar reward of one sample; NaN when it does not count (``sample.reward_number``)."""
     if isinstance(reward, dict):
         reward = reward.get(reward_key) if reward_key is not None else None
-    if isinstance(reward, numbers.Real):
-        return float(reward)
-    return math.nan
+    number = reward_number(reward)
+    return math.nan if number is None else float(number)
 
 
 def _rollout_key(sample: Sample, position: int) -> tuple[Any, ...]:

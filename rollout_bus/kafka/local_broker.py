@@ -19,6 +19,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,8 @@ class BrokerStatus:
 class LocalBroker:
     """One managed broker, identified by its data directory and port."""
 
+    heap = HEAP  # the JVM's -Xmx; a subclass running several nodes on one machine asks for less
+
     def __init__(self, port: int = DEFAULT_PORT, data_dir: Path | str | None = None):
         if not 1 <= port <= 65534:  # the controller listens on port + 1
             raise ConfigError(must_be("port", "in 1..65534 (the controller takes port + 1)", port))
@@ -188,7 +191,7 @@ class LocalBroker:
         libs = runtime.ensure_jars(echo=echo)
         self._prepare(java, libs)
         log = open(self.log_file, "ab")
-        cmd = [java, HEAP, "-Xms256m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+        cmd = [java, self.heap, "-Xms256m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={self.data_dir}", "-cp", runtime.classpath(libs), "kafka.Kafka", str(self.properties)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -204,14 +207,7 @@ class LocalBroker:
         (self.data_dir / "log4j2.properties").write_text(LOG4J2)
         if (self.data_dir / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1",
-               f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-               "-cp", runtime.classpath(libs), "kafka.tools.StorageTool", "format",
-               "-t", cluster_id, "-c", str(self.properties), "--ignore-formatted"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise BrokerError(f"formatting Kafka storage failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        format_storage(java, libs, self.properties, new_cluster_id())
 
     def _wait_until_up(self, pid: int, deadline: float, echo, proc: subprocess.Popen | None = None) -> BrokerStatus:
         while time.monotonic() < deadline:
@@ -254,6 +250,30 @@ class LocalBroker:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log written)"
+
+
+def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A random KRaft cluster id (22 url-safe base64 characters) that never starts with '-': the
+    storage tool would read such an id as an option (1 start in 64 failed before)."""
+    while True:
+        found = base64.urlsafe_b64encode(random_bytes()).rstrip(b"=").decode()
+        if not found.startswith("-"):
+            return found
+
+
+def format_storage(java: str, libs: Path, properties: Path, cluster_id: str) -> None:
+    """Format the log dirs named in ``properties`` for ``cluster_id`` (KRaft refuses unformatted dirs).
+
+    Every node of one cluster must be formatted with the same id; ``--ignore-formatted`` makes a
+    second call on a formatted node a no-op.
+    """
+    cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1",
+           f"-Dlog4j2.configurationFile={properties.parent / 'log4j2.properties'}",
+           "-cp", runtime.classpath(libs), "kafka.tools.StorageTool", "format",
+           "-t", cluster_id, "-c", str(properties), "--ignore-formatted"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BrokerError(f"formatting Kafka storage failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
 
 def _alive(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import time
 import pytest
 
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.local_broker import LocalBroker, port_is_free
+from rollout_bus.kafka.local_broker import LocalBroker, new_cluster_id, port_is_free
 
 PORT = 39192
 
@@ -70,7 +71,7 @@ def test_missing_java_is_reported_with_how_to_install_it(tmp_path, monkeypatch):
 def test_a_broker_that_dies_while_starting_is_reported_with_its_log(tmp_path, monkeypatch):
     from rollout_bus.kafka import local_broker
 
-    monkeypatch.setattr(local_broker, "HEAP", "-Xmx1k")  # the JVM refuses to start with this heap
+    monkeypatch.setattr(local_broker.LocalBroker, "heap", "-Xmx1k")  # the JVM refuses to start with this heap
     with pytest.raises(BrokerError, match="exited with code") as caught:
         LocalBroker(port=PORT + 30, data_dir=tmp_path / "b").start(timeout_s=60)
     assert "heap" in str(caught.value).lower()
@@ -81,3 +82,11 @@ def test_a_port_without_room_for_the_controller_is_refused_by_name():
         LocalBroker(port=65535)
     done = _cli("start", "--port", "99999")
     assert done.returncode != 0 and "--port" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cluster_id_never_starts_with_a_dash_which_the_storage_tool_reads_as_an_option():
+    dash_first = bytes([0xF8]) + bytes(15)  # base64url "-A..."
+    draws = iter([dash_first, dash_first, bytes(16)])
+    assert base64.urlsafe_b64encode(dash_first).decode().startswith("-")
+    assert new_cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAA"
+    assert all(not new_cluster_id().startswith("-") for _ in range(2000))
