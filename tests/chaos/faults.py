@@ -1,0 +1,211 @@
+"""The faults a scenario injects, each a function of a ``FaultContext`` run in the fault thread.
+
+Contract: a fault waits for its moment (an observation of the run), injects, and calls
+``ctx.lifted()`` when the fault is over (a killed stage restarted, a paused one resumed, a broker
+back up, the last malformed record sent); recovery is measured from there. A fault restores
+what it broke (a killed broker or node is started again) before it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+from typing import Callable
+
+from kafka import KafkaProducer
+
+from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.kafka.local_broker import LocalBroker, port_is_free
+from rollout_bus.records import TurnHeaders
+from tests.chaos.harness import FaultContext, Observation
+
+Fault = Callable[[FaultContext], None]
+CHAOS_ID = "chaos.id"  # header naming each injected malformed record, kept by its dead letter
+
+
+def _stage_moment(ctx: FaultContext, stage: str, i: int, times: int, last: Observation | None,
+                  restarted_at: Observation | None) -> tuple[str, Callable[[Observation], bool]]:
+    """When to hit ``stage`` the ``i``-th of ``times`` times: spread over the run, and only after
+    the stage made progress since it was last restarted."""
+    e = ctx.expected
+    if stage == "generate":  # a restarted generator publishes again from the start: count from the restart
+        base = restarted_at.turns if restarted_at else 0
+        step = max(1, int(0.8 * e.turns * i / (times + 1)))
+        return f"{step} turns sent since its start", lambda o: o.turns >= base + step
+    if stage == "stream":
+        want = max(1, e.episodes * i // (times + 1), (last.episodes + 1) if last else 0)
+        return f"{want} episodes merged", lambda o: o.episodes >= want
+    want = max(1, -(-e.batches * i // (times + 1)), (last.batches + 1) if last else 0)
+    return f"{want} batches written", lambda o: o.batches >= want
+
+
+def kill_stage(stage: str, times: int) -> Fault:
+    """kill -9 ``stage`` ``times`` times while it works; each time it is started again at once."""
+
+    def fault(ctx: FaultContext) -> None:
+        last = restarted = None
+        moments = []
+        for i in range(1, times + 1):
+            what, moment = _stage_moment(ctx, stage, i, times, last, restarted)
+            last = ctx.wait_for(what, moment)
+            ctx.run.kill_stage(stage)
+            ctx.lifted()
+            moments.append(what)
+            ctx.note(f"kill -9 #{i} of {stage} at {what}")
+            restarted = ctx.observation_after(ctx.lifts[-1])
+        ctx.note(f"{stage} killed at: " + ", ".join(moments))
+
+    return fault
+
+
+def pause_stage(stage: str, seconds: float) -> Fault:
+    """SIGSTOP ``stage`` for ``seconds`` while it works, then SIGCONT."""
+
+    def fault(ctx: FaultContext) -> None:
+        what, moment = _stage_moment(ctx, stage, 1, 3, None, None)
+        ctx.wait_for(what, moment)
+        ctx.run.signal_stage(stage, signal.SIGSTOP)
+        try:
+            ctx.sleep(seconds)
+        finally:
+            ctx.run.signal_stage(stage, signal.SIGCONT)
+        ctx.lifted()
+        ctx.note(f"SIGSTOP of {stage} for {seconds:.0f}s at {what}")
+
+    return fault
+
+
+def _mid_run(ctx: FaultContext, fraction: float = 0.25) -> str:
+    want = max(1, int(ctx.expected.episodes * fraction))
+    ctx.wait_for(f"{want} episodes merged", lambda o: o.episodes >= want)
+    return f"{want} episodes merged"
+
+
+def _kill_broker(broker: LocalBroker) -> int:
+    pid = broker.status().pid
+    if pid is None:
+        raise RuntimeError(f"the broker at {broker.bootstrap} is not running; nothing to kill")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while not (port_is_free(broker.port) and port_is_free(broker.controller_port)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    broker.stop()  # only clears the stale pid file now
+    return pid
+
+
+def broker_down(seconds: float, how: str) -> Fault:
+    """The single broker killed (``how="kill"``: kill -9) or stopped (``"stop"``: SIGTERM, a clean
+    shutdown) mid-run, and started again ``seconds`` later on the same data."""
+
+    def fault(ctx: FaultContext) -> None:
+        broker = ctx.brokers.single
+        what = _mid_run(ctx)
+        if how == "kill":
+            _kill_broker(broker)
+        else:
+            broker.stop()
+        ctx.note(f"broker {how} at {what}, down for {seconds:.0f}s")
+        try:
+            ctx.sleep(seconds)
+        finally:
+            broker.start(echo=lambda _m: None)
+        ctx.lifted()
+
+    return fault
+
+
+def cluster_leader_kill(down_s: float = 20.0) -> Fault:
+    """kill -9 the node leading rollout.turns partition 0 mid-run; recovery is measured from the
+    kill (the cluster must fail over without it); the node is started again ``down_s`` later."""
+
+    def fault(ctx: FaultContext) -> None:
+        cluster = ctx.brokers.cluster
+        what = _mid_run(ctx)
+        leader = cluster.leader(ctx.run.topics.turns, 0)
+        if leader is None:
+            raise RuntimeError(f"{ctx.run.topics.turns}:0 has no leader to kill")
+        cluster.kill(leader)
+        ctx.lifted()
+        ctx.note(f"kill -9 of node {leader} (leader of turns:0) at {what}")
+        try:
+            ctx.sleep(down_s)
+        finally:
+            cluster.start_node(leader)
+            cluster.wait_fully_replicated()
+
+    return fault
+
+
+def cluster_rolling_restart() -> Fault:
+    """Every node of the cluster stopped and started in turn mid-run (each waits for full replication)."""
+
+    def fault(ctx: FaultContext) -> None:
+        what = _mid_run(ctx, 0.2)
+        took = ctx.brokers.cluster.rolling_restart()
+        ctx.lifted()
+        ctx.note(f"rolling restart at {what}: " + ", ".join(f"node {n} {s:.0f}s" for n, s in took.items()))
+
+    return fault
+
+
+def malformed_records(count: int, seed: int = 5) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]]:
+    """``count`` turn records that must each be dead-lettered: (key, value, headers), each with a
+    ``chaos.id`` header. Six shapes: garbage value, empty value, no turn headers, a non-numeric
+    header, no key, and a well-formed rollout key of a group no generator makes with a garbage value."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        ident = [(CHAOS_ID, b"%d" % i)]
+        good = TurnHeaders(turn=0, attempt=0, final=False, group_size=1, sent_at_ms=int(time.time() * 1000)).to_kafka()
+        garbage = rng.randbytes(rng.randrange(1, 200))
+        key = b"chaos-malformed-%d" % i
+        shape = i % 6
+        if shape == 0:
+            out.append((key, garbage, good + ident))
+        elif shape == 1:
+            out.append((key, b"", good + ident))
+        elif shape == 2:
+            out.append((key, garbage, ident))
+        elif shape == 3:
+            out.append((key, garbage, [(k, b"x" if k == "turn" else v) for k, v in good] + ident))
+        elif shape == 4:
+            out.append((None, garbage, good + ident))
+        else:
+            out.append((b'[null,null,"rollout",%d,%d]' % (10_000_000 + i, i), garbage, good + ident))
+    return out
+
+
+def inject_malformed(count: int) -> Fault:
+    """``count`` malformed records produced to rollout.turns while good episodes flow."""
+
+    def fault(ctx: FaultContext) -> None:
+        what = _mid_run(ctx, 0.1)
+        producer = KafkaProducer(bootstrap_servers=ctx.run.bootstrap, acks="all", linger_ms=20)
+        try:
+            for key, value, headers in malformed_records(count):
+                producer.send(ctx.run.topics.turns, key=key, value=value, headers=headers)
+            producer.flush(timeout=120)
+        finally:
+            producer.close()
+        ctx.lifted()
+        ctx.note(f"{count} malformed records sent at {what}")
+
+    return fault
+
+
+def injected_ids(letters: list[DeadLetter]) -> Counter:
+    """How many dead letters each injected record got, by its chaos.id."""
+    found: Counter = Counter()
+    for letter in letters:
+        for name, value in letter.headers:
+            if name == CHAOS_ID:
+                found[int(value)] += 1
+    return found
+
+
+def all_injected_dead_lettered(count: int) -> Callable:
+    """The scenario's extra condition: every injected record has reached the DLQ."""
+    return lambda run: len(injected_ids(run.dead_letters())) >= count

@@ -1,0 +1,383 @@
+"""One pipeline run under a fault: three stage processes, a watch loop, a fault thread, the facts to judge.
+
+Contract:
+
+* ``ChaosRun`` starts the stages as ``python -m rollout_bus.cli.<stage>`` processes (``StageProcess``)
+  on fresh topics (its own prefix) and its own out dir. The generator runs with the workload's fixed
+  seed and flags, so every run of one workload publishes the same episodes. No ``--idle-flush-s``:
+  batch boundaries come from the log alone (full step batches, then the generator's end of run).
+* ``watch`` polls about every ``POLL_S``: the record counts of rollout.turns, rollout.episodes and the
+  dead letters read, and the complete batches on disk (one ``Observation``). A stage that exits on
+  its own (other than the generator with 0) fails the run at once. The run is done when the
+  generator has exited 0, reconciliation holds (``rollout_bus.pipeline.accounting``: every episode of
+  its summary in exactly one batch, or in the DLQ), the fault thread has finished, and the
+  scenario's own condition holds; or when the deadline passes.
+* The fault runs in its own thread with a ``FaultContext``: it waits on observations, kills, pauses
+  and restarts stages through the run (under the run's lock, so a stage it killed is never taken for
+  a crash), and marks when each fault is lifted: recovery is measured from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.pipeline.accounting import Reconciliation, reconcile
+from rollout_bus.pipeline.processes import StageProcess
+from rollout_bus.pipeline.watch import TopicWatcher
+from rollout_bus.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+# a broker that is down must not stall the watch loop for kafka-python's default 30 s per request
+WATCH_CLIENT = {"request_timeout_ms": 3000}
+STAGE_ORDER = ("stream", "shards", "generate")  # consumers first, so nothing waits on a late subscriber
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The generator and writer options of a run; runs of one workload must write the same shards."""
+
+    name: str
+    episodes: int
+    n_samples_per_prompt: int = 4
+    groups_per_batch: int = 2
+    dp_size: int = 2
+    seed: int = 11
+    generator_args: tuple[str, ...] = ()
+
+    def generator_flags(self) -> list[str]:
+        return ["--episodes", str(self.episodes), "--seed", str(self.seed),
+                "--n-samples-per-prompt", str(self.n_samples_per_prompt), *self.generator_args]
+
+
+@dataclass(frozen=True)
+class Observation:
+    t: float  # time.monotonic()
+    turns: int
+    episodes: int
+    dead_letters: int
+    batches: int
+
+
+@dataclass
+class Expected:
+    """What an undisturbed run of the workload produced; estimates where no such run finished."""
+
+    turns: int
+    episodes: int
+    batches: int
+    sent: list[tuple[str, int]] | None = None
+    digests: dict[str, str] | None = None
+    dead_letters: int = 0
+    dlq_only: int = 0
+
+    @classmethod
+    def estimate(cls, workload: Workload) -> "Expected":
+        groups = -(-workload.episodes // workload.n_samples_per_prompt)
+        return cls(turns=2 * workload.episodes, episodes=workload.episodes,
+                   batches=-(-groups // workload.groups_per_batch))
+
+
+class FaultNotInjected(Exception):
+    """The fault's moment never came (the pipeline finished first, or never got there)."""
+
+
+class Aborted(Exception):
+    """The run ended (done, failed or timed out) while the fault was still under way."""
+
+
+def shard_digests(shards_dir: Path) -> dict[str, str]:
+    """sha256 of every shard file, by path relative to ``shards_dir``."""
+    return {str(p.relative_to(shards_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(shards_dir.glob("batch-*/dp-*.safetensors"))}
+
+
+def longest_episode_tokens(shards_dir: Path) -> int:
+    """Response tokens of the longest episode in the shards (its segments summed, per rollout)."""
+    from rollout_bus.shards import load_shard  # safetensors: only the runs that ask pay for it
+
+    totals: dict[tuple[int, int, int], int] = {}
+    for path in sorted(shards_dir.glob("batch-*/dp-*.safetensors")):
+        for sample in load_shard(path).samples():
+            key = (sample.adapter_slot, sample.group_index, sample.rollout_id)
+            totals[key] = totals.get(key, 0) + int(sample.response_length)
+    return max(totals.values(), default=0)
+
+
+class ChaosRun:
+    """The three stages of one run, on topics of its own, watched until accounted for."""
+
+    def __init__(self, bootstrap: str, workload: Workload, out: Path, *, label: str,
+                 replication_factor: int = 1, stage_env: dict[str, str] | None = None):
+        self.bootstrap, self.workload, self.out = bootstrap, workload, Path(out)
+        self.run_id = f"{label}-{uuid.uuid4().hex[:6]}"
+        self.topics = Topics(prefix=f"chaos-{self.run_id}.")
+        self.summary_path = self.out / "generator-summary.json"
+        self.shards_dir = self.out / "shards"
+        self.replication_factor = replication_factor
+        self.stage_env = {"PYTHONUNBUFFERED": "1", **(stage_env or {})}
+        self.stages: dict[str, StageProcess] = {}
+        self.lock = threading.RLock()
+        self.history: list[Observation] = []
+        self.reconciled_at: float | None = None
+        self.failure: str | None = None
+        self.watcher: TopicWatcher | None = None
+
+    def _stage_args(self, name: str) -> list[str]:
+        w, common = self.workload, ["--bootstrap-servers", self.bootstrap, "--topic-prefix", self.topics.prefix]
+        if name == "stream":
+            replication = ["--replication-factor", str(self.replication_factor)] if self.replication_factor > 1 else []
+            return [*common, "--app-id", f"chaos-{self.run_id}-stream", "--data-dir", str(self.out / "faust"),
+                    *replication]  # its state changelog: RF 1 under min.insync.replicas 2 refuses every write
+        if name == "shards":
+            return [*common, "--out", str(self.shards_dir), "--dp-size", str(w.dp_size), "--groups-per-batch",
+                    str(w.groups_per_batch), "--group-id", f"chaos-{self.run_id}-shards"]
+        return [*common, *w.generator_flags(), "--summary-out", str(self.summary_path)]
+
+    def start(self) -> None:
+        """Create the topics (with the cluster's replication), the watcher, then every stage."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        kwargs = {"bootstrap_servers": self.bootstrap}
+        ensure_topics(kwargs, self.topics, replication_factor=self.replication_factor)
+        t = self.topics
+        self.watcher = TopicWatcher({**kwargs, **WATCH_CLIENT}, [t.turns, t.episodes], [t.dlq])
+        for name in STAGE_ORDER:
+            self._launch(name)
+
+    def _launch(self, name: str) -> None:
+        self.stages[name] = StageProcess(name, name, self._stage_args(name), self.out / "logs" / f"{name}.log",
+                                         env=self.stage_env)
+
+    # -- faults on stages (called from the fault thread) -------------------------------------------
+
+    def kill_stage(self, name: str, restart: bool = True) -> None:
+        """kill -9 a stage (its whole process group) and, unless told not to, start it again at once."""
+        with self.lock:
+            stage = self.stages[name]
+            stage.kill()
+            stage.stop()  # closes its log file
+            if restart:
+                self._launch(name)
+        logger.info("run=%s killed stage=%s pid=%d restarted=%s", self.run_id, name, stage.pid, restart)
+
+    def signal_stage(self, name: str, sig: int) -> None:
+        with self.lock:
+            try:
+                os.killpg(self.stages[name].pid, sig)
+            except ProcessLookupError:
+                pass
+
+    # -- watching ----------------------------------------------------------------------------------
+
+    def observe(self) -> Observation:
+        assert self.watcher is not None
+        self.watcher.read_new(timeout_ms=300)
+        counts = self.watcher.counts()
+        t = self.topics
+        obs = Observation(time.monotonic(), counts.get(t.turns, 0), counts.get(t.episodes, 0),
+                          len(self.watcher.records[t.dlq]), len(list(self.shards_dir.glob("batch-*/manifest.json"))))
+        with self.lock:
+            self.history.append(obs)
+        return obs
+
+    def latest(self) -> Observation | None:
+        with self.lock:
+            return self.history[-1] if self.history else None
+
+    def dead_letters(self) -> list[DeadLetter]:
+        assert self.watcher is not None
+        return self.watcher.dead_letters(self.topics.dlq)
+
+    def sent(self) -> list[tuple[str, int]] | None:
+        """(rollout key, attempt) of every episode the generator finished, from its summary."""
+        try:
+            return [(k, int(a)) for k, a in json.loads(self.summary_path.read_text())["episodes"]]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def generator_done(self) -> bool:
+        with self.lock:
+            return self.stages["generate"].poll() == 0 and self.summary_path.exists()
+
+    def failed_stage(self) -> str | None:
+        with self.lock:
+            for name, stage in self.stages.items():
+                code = stage.poll()
+                if code is not None and not (name == "generate" and code == 0):
+                    return f"stage {name} exited with code {code}"
+        return None
+
+    def watch(self, ctx: "FaultContext", fault: Callable[["FaultContext"], None] | None, timeout_s: float,
+              condition: Callable[["ChaosRun"], bool]) -> None:
+        """Observe until done, failed or ``timeout_s``; the fault runs meanwhile in its own thread."""
+        thread = None
+        if fault is not None:
+            thread = threading.Thread(target=ctx.run_fault, args=(fault,), name=f"fault-{self.run_id}", daemon=True)
+            thread.start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            obs = self.observe()
+            self.failure = self.failed_stage()
+            if self.failure:
+                break
+            if self.reconciled_at is None and self.generator_done():
+                result = reconcile(self.sent() or [], self.shards_dir, self.dead_letters(), verify=False)
+                if result.ok:
+                    self.reconciled_at = obs.t
+            fault_done = thread is None or not thread.is_alive()
+            if self.reconciled_at is not None and fault_done and condition(self):
+                break
+            if obs.t > deadline:
+                self.failure = (f"timed out after {timeout_s:.0f}s (turns {obs.turns}, episodes {obs.episodes}, "
+                                f"batches {obs.batches}, generator done {self.generator_done()}, "
+                                f"fault done {fault_done})")
+                break
+            time.sleep(max(0.0, POLL_S - (time.monotonic() - obs.t)))
+        ctx.abort.set()
+        if thread is not None:
+            thread.join(timeout=240)
+
+    def stop(self, settle_s: float = 2.0) -> None:
+        """Stop every stage (resumed first, in case a pause was cut short), then read the last dead letters."""
+        with self.lock:
+            for name in reversed(STAGE_ORDER):
+                if name in self.stages:
+                    self.signal_stage(name, signal.SIGCONT)
+                    self.stages[name].stop()
+        end = time.monotonic() + settle_s
+        while self.watcher is not None and time.monotonic() < end:
+            self.watcher.read_new(timeout_ms=200)
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
+
+    def log_tails(self, lines: int = 15) -> dict[str, str]:
+        return {name: stage.log_tail(lines) for name, stage in self.stages.items()}
+
+    def final_reconciliation(self, expected: Expected) -> tuple[Reconciliation | None, str]:
+        """Reconcile against the run's own summary, or the baseline's (same seed) when it wrote none."""
+        sent, source = self.sent(), "summary"
+        if sent is None and expected.sent is not None:
+            sent, source = expected.sent, "baseline summary"
+        if sent is None:
+            return None, "no summary"
+        return reconcile(sent, self.shards_dir, self.dead_letters(), verify=True), source
+
+
+class FaultContext:
+    """What a fault may do: wait for a moment in the run, pause, reach the brokers, mark when it is lifted."""
+
+    def __init__(self, run: ChaosRun, expected: Expected, brokers: Any):
+        self.run, self.expected, self.brokers = run, expected, brokers
+        self.abort = threading.Event()
+        self.lifts: list[float] = []
+        self.notes: list[str] = []
+        self.error: str | None = None
+
+    def run_fault(self, fault: Callable[["FaultContext"], None]) -> None:
+        try:
+            fault(self)
+        except Aborted:
+            self.error = self.error or "the run ended before the fault was over"
+        except FaultNotInjected as exc:
+            self.error = f"fault not injected: {exc}"
+        except Exception as exc:  # a broken fault is a failed scenario, never a hung runner
+            logger.exception("fault failed run=%s", self.run.run_id)
+            self.error = f"fault raised {type(exc).__name__}: {exc}"
+
+    def wait_for(self, what: str, predicate: Callable[[Observation], bool], timeout_s: float = 600.0) -> Observation:
+        """Block until the latest observation satisfies ``predicate``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.abort.is_set():
+                raise Aborted()
+            obs = self.run.latest()
+            if obs is not None and predicate(obs):
+                return obs
+            if self.run.reconciled_at is not None:
+                raise FaultNotInjected(f"the pipeline finished before {what}")
+            time.sleep(0.1)
+        raise FaultNotInjected(f"{what} did not happen within {timeout_s:.0f}s")
+
+    def observation_after(self, moment: float) -> Observation:
+        """The first observation the watch loop takes after ``moment`` (the watcher is the loop's alone)."""
+        while not self.abort.is_set():
+            obs = self.run.latest()
+            if obs is not None and obs.t > moment:
+                return obs
+            time.sleep(0.05)
+        raise Aborted()
+
+    def sleep(self, seconds: float) -> None:
+        if self.abort.wait(seconds):
+            raise Aborted()
+
+    def lifted(self) -> None:
+        """The fault is over from here on (recovery is measured from this moment)."""
+        self.lifts.append(time.monotonic())
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        logger.info("run=%s %s", self.run.run_id, text)
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Which counts show progress of the faulted part (any growth of their sum)."""
+
+    fields: tuple[str, ...] = ("episodes", "batches")
+
+    def value(self, obs: Observation) -> int:
+        return sum(getattr(obs, f) for f in self.fields)
+
+
+def recovery_times(history: list[Observation], lifts: list[float], signal_: Signal,
+                   done_at: float | None) -> list[float | None]:
+    """Seconds from each lift to the first observation whose signal grew past the first one taken
+    after the lift (or to the moment the run was accounted for, if that came first); None if neither.
+
+    The base is the first observation *after* the lift, not the last before it: records a killed
+    stage wrote just before it died would otherwise count as the restarted stage's progress. Growth
+    within that first poll interval is missed, so a time may be up to one interval long.
+    """
+    out: list[float | None] = []
+    for lifted in lifts:
+        after = [o for o in history if o.t >= lifted]
+        grew = None
+        if after:
+            base = signal_.value(after[0])
+            grew = next((o.t for o in after[1:] if signal_.value(o) > base), None)
+        ends = [t for t in (grew, done_at) if t is not None]
+        out.append(max(0.0, min(ends) - lifted) if ends else None)
+    return out
+
+
+@dataclass
+class RunFacts:
+    """Everything the runner needs to judge one run."""
+
+    reconciliation: Reconciliation | None
+    sent_source: str
+    digests: dict[str, str]
+    dead_letters: list[DeadLetter]
+    recoveries: list[float | None]
+    failure: str | None
+    fault_error: str | None
+    notes: list[str]
+    elapsed_s: float
+    logs: dict[str, str] = field(default_factory=dict)

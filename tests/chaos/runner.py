@@ -1,0 +1,321 @@
+"""Runs chaos scenarios on brokers of its own and prints one row per scenario.
+
+Contract: the runner starts its own single broker (a free port in 40000-40999 unless ``--port``)
+and, only if a selected scenario needs it, its own three-node cluster; it never touches any other
+broker, and stops what it started. Each workload gets one undisturbed baseline run first (shown as
+``baseline-<workload>``); every scenario is then judged against it: nothing lost or duplicated, no
+dead letters beyond the baseline's (and, for injected records, each exactly once with a reason),
+shards byte-identical, progress again after the fault is lifted. Exit status 0 only if every row
+passed.
+
+Columns: ``lost`` episodes of the generator's summary in no batch and not in the DLQ (at the end,
+or when the run failed); ``dup`` episodes in more than one batch; ``dlq`` dead letters read;
+``identical`` every shard file's sha256 equals the baseline's (``-``: the run did not finish;
+``n/a``: not compared); ``recover_s`` the longest time from a fault being lifted to the faulted
+part's output growing again (turns for the generator, episodes for the stream worker, batches on
+disk for the shard writer and for broker, cluster and record faults), one poll interval coarse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rollout_bus.kafka.local_broker import LocalBroker
+from rollout_bus.kafka.local_cluster import LocalCluster, free_ports
+from tests.chaos.faults import injected_ids
+from tests.chaos.harness import (ChaosRun, Expected, FaultContext, RunFacts, Workload, longest_episode_tokens,
+                                 recovery_times, shard_digests)
+from tests.chaos.scenarios import BY_NAME, FULL, QUICK, Scenario
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = [("scenario", "scenario"), ("lost", "lost"), ("duplicated", "dup"), ("dead_lettered", "dlq"),
+           ("identical", "identical"), ("recover_s", "recover_s"), ("result", "result"), ("elapsed_s", "time_s"),
+           ("detail", "detail")]
+DETAIL_CHARS = 90
+
+
+@dataclass
+class Row:
+    scenario: str
+    lost: int | None
+    duplicated: int | None
+    dead_lettered: int | None
+    identical: str
+    recover_s: float | None
+    passed: bool
+    elapsed_s: float
+    detail: str
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    out_dir: str = ""
+
+    @property
+    def result(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+
+class Brokers:
+    """The runner's own brokers: a single node always, the three-node cluster on first use."""
+
+    def __init__(self, work_dir: Path, port: int | None = None, cluster_ports: list[int] | None = None):
+        self.work_dir = work_dir
+        self.single = LocalBroker(port=port or free_ports(1)[0], data_dir=work_dir / "broker")
+        self._cluster_ports = cluster_ports
+        self.cluster: LocalCluster | None = None
+        self._single_started = False
+
+    def bootstrap(self, target: str) -> str:
+        if target == "cluster":
+            if self.cluster is None:
+                ports = self._cluster_ports or free_ports(3)
+                self.cluster = LocalCluster(ports, self.work_dir / "cluster", echo=lambda _m: None)
+            self.cluster.start()
+            return self.cluster.bootstrap
+        self.single.start(echo=lambda _m: None)
+        self._single_started = True
+        return self.single.bootstrap
+
+    def restore(self) -> None:
+        """Bring back whatever a fault left down (a scenario that failed midway may not have)."""
+        if self._single_started:
+            self.single.start(echo=lambda _m: None)
+        if self.cluster is not None:
+            self.cluster.start()
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self._single_started:
+            self.single.stop()
+
+
+def _execute(name: str, workload: Workload, scenario: Scenario | None, brokers: Brokers, expected: Expected,
+             out: Path) -> RunFacts:
+    """Run one pipeline (with the scenario's fault, if any) and collect the facts."""
+    target = scenario.target if scenario else "single"
+    began = time.monotonic()
+    run = ChaosRun(brokers.bootstrap(target), workload, out, label=name,
+                   replication_factor=3 if target == "cluster" else 1)
+    ctx = FaultContext(run, expected, brokers)
+    try:
+        run.start()
+        run.watch(ctx, scenario.fault if scenario else None, scenario.timeout_s if scenario else 300.0,
+                  scenario.condition if scenario else (lambda _r: True))
+    except Exception as exc:  # a run that cannot even start is a failed row, not a dead runner
+        logger.exception("run %s failed", name)
+        run.failure = run.failure or f"{type(exc).__name__}: {exc}"
+    finally:
+        run.stop()
+    reconciliation, source = run.final_reconciliation(expected) if run.watcher else (None, "not started")
+    signal_ = scenario.progress if scenario else None
+    facts = RunFacts(reconciliation, source, _digests(run), run.dead_letters() if run.watcher else [],
+                     recovery_times(run.history, ctx.lifts, signal_, run.reconciled_at) if signal_ else [],
+                     run.failure, ctx.error, ctx.notes, time.monotonic() - began)
+    if run.failure or ctx.error or not (reconciliation and reconciliation.ok):
+        facts.logs = run.log_tails()
+    run.close()
+    brokers.restore()
+    return facts
+
+
+def _digests(run: ChaosRun) -> dict[str, str]:
+    return shard_digests(run.shards_dir) if run.shards_dir.exists() else {}
+
+
+def _identical(scenario: Scenario | None, facts: RunFacts, expected: Expected, problems: list[str]) -> str:
+    if scenario is None:
+        return "(ref)"
+    if not scenario.compare:
+        return "n/a"
+    if facts.failure:
+        return "-"
+    if expected.digests is None:
+        problems.append("no baseline shards to compare with (the baseline run failed)")
+        return "no base"
+    if facts.digests == expected.digests:
+        return "yes"
+    differ = sum(1 for k, v in facts.digests.items() if k in expected.digests and expected.digests[k] != v)
+    missing, extra = len(set(expected.digests) - set(facts.digests)), len(set(facts.digests) - set(expected.digests))
+    problems.append(f"shards differ from the baseline: {differ} changed, {missing} missing, {extra} extra "
+                    f"(of {len(expected.digests)})")
+    return "NO"
+
+
+def _dead_letter_problems(scenario: Scenario | None, facts: RunFacts, expected: Expected) -> list[str]:
+    problems = []
+    ids = injected_ids(facts.dead_letters)
+    own = [d for d in facts.dead_letters if not any(k == "chaos.id" for k, _ in d.headers)]
+    if len(own) != expected.dead_letters:
+        kinds = sorted({f"{d.stage}/{d.kind}" for d in own})
+        problems.append(f"{len(own)} dead letters of generated records (undisturbed run: {expected.dead_letters}); "
+                        f"kinds {kinds}")
+    count = scenario.injected if scenario else 0
+    if count:
+        lost, twice = count - len(ids), sum(1 for c in ids.values() if c > 1)
+        silent = sum(1 for d in facts.dead_letters if any(k == "chaos.id" for k, _ in d.headers) and not d.reason)
+        if lost or twice or silent:
+            problems.append(f"injected records: {lost} of {count} not dead-lettered, {twice} dead-lettered more "
+                            f"than once, {silent} without a reason")
+    return problems
+
+
+def judge(name: str, scenario: Scenario | None, facts: RunFacts, expected: Expected, out: Path) -> Row:
+    """One row: the counts, and every reason the scenario failed."""
+    problems = [p for p in (facts.failure, facts.fault_error) if p]
+    rec = facts.reconciliation
+    if rec is None:
+        problems.append(f"nothing to reconcile ({facts.sent_source})")
+    else:
+        problems += rec.problems()
+        if rec.in_dlq_only != expected.dlq_only:
+            problems.append(f"{rec.in_dlq_only} episodes only in the DLQ (undisturbed run: {expected.dlq_only})")
+    problems += _dead_letter_problems(scenario, facts, expected)
+    if scenario is not None and scenario.longest_episode:
+        longest = longest_episode_tokens(out / "shards")
+        facts.notes.append(f"longest episode in the shards: {longest} response tokens")
+        if longest < scenario.longest_episode:
+            problems.append(f"the longest episode in the shards has {longest} response tokens "
+                            f"(expected >= {scenario.longest_episode})")
+    identical = _identical(scenario, facts, expected, problems)
+    recover = None
+    if facts.recoveries:
+        if any(r is None for r in facts.recoveries):
+            problems.append("no progress after the fault was lifted")
+        else:
+            recover = max(facts.recoveries)
+    summary = "; ".join(facts.notes[-1:]) if facts.notes else ""
+    detail = problems[0] if problems else summary or (f"{rec.in_shards} episodes in {rec.batches} batches" if rec
+                                                       else "")
+    return Row(name, len(rec.missing) if rec else None, len(rec.duplicated) if rec else None,
+               len(facts.dead_letters), identical, recover, not problems, round(facts.elapsed_s, 1), detail,
+               problems, facts.notes, facts.logs, str(out))
+
+
+def _baseline(workload: Workload, brokers: Brokers, work_dir: Path) -> tuple[Row, Expected]:
+    name = f"baseline-{workload.name}"
+    out = work_dir / name
+    estimate = Expected.estimate(workload)
+    facts = _execute(name, workload, None, brokers, estimate, out)
+    row = judge(name, None, facts, estimate, out)
+    if not row.passed:
+        return row, estimate
+    summary = json.loads((out / "generator-summary.json").read_text())
+    rec = facts.reconciliation
+    assert rec is not None
+    batches = len(list((out / "shards").glob("batch-*/manifest.json")))
+    return row, Expected(turns=int(summary.get("turns_sent", estimate.turns)), episodes=rec.sent, batches=batches,
+                         sent=[(k, int(a)) for k, a in summary["episodes"]], digests=facts.digests,
+                         dead_letters=len(facts.dead_letters), dlq_only=rec.in_dlq_only)
+
+
+def run_table(scenarios: list[Scenario], work_dir: Path, *, port: int | None = None,
+              cluster_ports: list[int] | None = None, echo: Callable[[str], None] = print) -> list[Row]:
+    """Baselines, then every scenario; returns the rows (baselines first)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    brokers = Brokers(work_dir, port, cluster_ports)
+    rows: list[Row] = []
+    expected: dict[str, Expected] = {}
+    try:
+        for scenario in scenarios:
+            w = scenario.workload
+            if w.name not in expected:
+                if scenario.compare:
+                    echo(f"baseline {w.name}: {w.episodes} episodes, seed {w.seed} ...")
+                    row, expected[w.name] = _baseline(w, brokers, work_dir)
+                    rows.append(row)
+                    echo(_progress_line(row))
+                else:
+                    expected[w.name] = Expected.estimate(w)
+            echo(f"{scenario.name}: {scenario.description} ...")
+            out = work_dir / scenario.name
+            facts = _execute(scenario.name, w, scenario, brokers, expected[w.name], out)
+            rows.append(judge(scenario.name, scenario, facts, expected[w.name], out))
+            echo(_progress_line(rows[-1]))
+    finally:
+        brokers.close()
+    return rows
+
+
+def _progress_line(row: Row) -> str:
+    return f"  -> {row.result} in {row.elapsed_s:.0f}s: {row.detail}"
+
+
+def _cell(row: Row, key: str) -> str:
+    value = row.result if key == "result" else getattr(row, key)
+    if value is None:
+        return "-" if key == "recover_s" else "?"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    text = str(value)
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
+
+
+def format_table(rows: list[Row]) -> str:
+    """The rows as aligned text: a header, a rule, one line per row."""
+    cells = [[title for _, title in COLUMNS]] + [[_cell(r, key) for key, _ in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i in (0, len(COLUMNS) - 1) else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(line, widths))).rstrip() for line in cells]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
+def format_failures(rows: list[Row], log_lines: int = 12) -> str:
+    """Every problem of each failed row, with the last lines of each stage's log."""
+    parts = []
+    for row in rows:
+        if row.passed:
+            continue
+        parts.append(f"== {row.scenario} FAILED (out dir {row.out_dir})")
+        parts += [f"  - {p}" for p in row.problems]
+        for stage, tail in row.logs.items():
+            parts.append(f"  -- last lines of {stage}.log:")
+            parts += ["     " + line for line in tail.splitlines()[-log_lines:]]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the short table (make test): small workloads")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--port", type=int, help="port of the runner's own broker (default: a free one)")
+    parser.add_argument("--cluster-ports", type=int, nargs=3, help="ports of the three-node cluster's nodes")
+    parser.add_argument("--work-dir", type=Path, help="where runs, logs and broker data go")
+    args = parser.parse_args(argv)
+    if args.list:
+        for s in FULL + QUICK:
+            print(f"{s.name:<26} {s.description}")
+        return 0
+    unknown = [n for n in args.only or [] if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; known: {sorted(BY_NAME)}")
+    scenarios = [BY_NAME[n] for n in args.only] if args.only else (QUICK if args.quick else FULL)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for ours in ("tests.chaos", "rollout_bus.kafka.local_cluster"):
+        logging.getLogger(ours).setLevel(logging.INFO)  # what was injected when
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # refused connections are the point here
+    work_dir = args.work_dir or Path(tempfile.gettempdir()) / f"rollout-bus-chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"chaos: {len(scenarios)} scenarios, work dir {work_dir}", flush=True)
+    rows = run_table(scenarios, work_dir, port=args.port, cluster_ports=args.cluster_ports,
+                     echo=lambda m: print(m, flush=True))
+    print()
+    print(format_table(rows))
+    failures = format_failures(rows)
+    if failures:
+        print()
+        print(failures)
+    if args.json:
+        args.json.write_text(json.dumps([{**asdict(r), "result": r.result} for r in rows], indent=1))
+    return 0 if all(r.passed for r in rows) else 1

@@ -1,0 +1,97 @@
+"""The chaos table: every scenario, its workload, its fault and what counts as recovering.
+
+A workload's runs must write the same shards (same seed and options), so each scenario is
+compared with one undisturbed run of its workload. The quick table is the short version that
+``make test`` runs (tests/chaos/test_chaos_quick.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tests.chaos import faults
+from tests.chaos.faults import Fault
+from tests.chaos.harness import ChaosRun, Signal, Workload
+
+STANDARD = Workload("standard", episodes=192)
+SMALL = Workload("small", episodes=64)
+# seed 25: one of the four episodes runs all 4 turns (128k response tokens), the others 1 turn each,
+# which keeps the generator's part (torch sampling, about 1.5 ms a token here) near 5 minutes
+LONG = Workload("long-128k", episodes=4, n_samples_per_prompt=2, seed=25, generator_args=(
+    "--max-turns", "4", "--min-response-len", "32000", "--max-response-len", "32000"))
+LONG_EPISODE_TOKENS = 4 * 32000
+
+# Recovery: the faulted stage's own output grows again (turns sent, episodes merged, batches written);
+# for a broker, cluster or record fault, the pipeline's end product: the next batch on disk.
+TURNS, EPISODES, BATCHES = Signal(("turns",)), Signal(("episodes",)), Signal(("batches",))
+STAGE_SIGNAL = {"generate": TURNS, "stream": EPISODES, "shards": BATCHES}
+
+
+def _always(_run: ChaosRun) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the table."""
+
+    name: str
+    description: str
+    workload: Workload
+    fault: Fault | None
+    target: str = "single"  # "single": the runner's own broker; "cluster": its three-node cluster
+    progress: Signal = BATCHES  # what must grow again after the fault is lifted
+    timeout_s: float = 300.0
+    condition: Callable[[ChaosRun], bool] = _always  # besides reconciliation, before the run is done
+    injected: int = 0  # malformed records that must each be dead-lettered exactly once
+    compare: bool = True  # shards compared with the workload's undisturbed run
+    longest_episode: int = 0  # response tokens the longest episode in the shards must reach
+
+
+def _kills(stage: str, times: int, workload: Workload, name: str) -> Scenario:
+    return Scenario(name, f"kill -9 of the {stage} stage {times}x, restarted at once", workload,
+                    faults.kill_stage(stage, times), progress=STAGE_SIGNAL[stage])
+
+
+def _pause(stage: str, seconds: float) -> Scenario:
+    return Scenario(f"sigstop-{stage}-{seconds:.0f}s", f"SIGSTOP of the {stage} stage for {seconds:.0f}s, then SIGCONT",
+                    STANDARD, faults.pause_stage(stage, seconds), progress=STAGE_SIGNAL[stage])
+
+
+def _malformed(count: int, workload: Workload, name: str) -> Scenario:
+    return Scenario(name, f"{count} malformed records into rollout.turns while good episodes flow", workload,
+                    faults.inject_malformed(count), condition=faults.all_injected_dead_lettered(count),
+                    injected=count)
+
+
+FULL = [
+    _kills("generate", 3, STANDARD, "kill-generator-x3"),
+    _kills("stream", 3, STANDARD, "kill-stream-x3"),
+    _kills("shards", 3, STANDARD, "kill-shards-x3"),
+    _pause("generate", 15),
+    _pause("stream", 15),
+    _pause("shards", 15),
+    Scenario("broker-kill-30s", "the broker killed (kill -9) mid-run, started again 30 s later", STANDARD,
+             faults.broker_down(30, "kill"), timeout_s=420),
+    Scenario("broker-outage-120s", "the broker stopped mid-run, started again 120 s later", STANDARD,
+             faults.broker_down(120, "stop"), timeout_s=600),
+    Scenario("cluster-leader-kill", "3-node cluster: kill -9 of the leader of turns:0 mid-run (back 20 s later; "
+             "recovery counted from the kill)", STANDARD, faults.cluster_leader_kill(20), target="cluster",
+             timeout_s=420),
+    Scenario("cluster-rolling-restart", "3-node cluster: every node stopped and started in turn mid-run",
+             STANDARD, faults.cluster_rolling_restart(), target="cluster", timeout_s=480),
+    _malformed(10_000, STANDARD, "malformed-10k"),
+    Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
+             LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
+]
+
+QUICK = [
+    _kills("stream", 1, SMALL, "quick-kill-stream"),
+    _kills("shards", 1, SMALL, "quick-kill-shards"),
+    _malformed(1_000, SMALL, "quick-malformed-1k"),
+    Scenario("quick-broker-kill-10s", "the broker killed (kill -9) mid-run, started again 10 s later", SMALL,
+             faults.broker_down(10, "kill")),
+]
+
+BY_NAME = {s.name: s for s in FULL + QUICK}
