@@ -10,7 +10,9 @@ data also derive from ``ValueError`` so callers that only know the contract (CON
     │   └── MaskCheckError              the whole-batch sampling-mask check failed
     ├── ConfigError (ValueError)        a setting or command-line value is unusable
     └── BrokerError                     the local Kafka broker cannot be fetched, started or reached
-        └── RecordTooLargeError         a record is over the size limit of a producer or topic
+        ├── RecordTooLargeError         a record is over the size limit of a producer or topic
+        ├── Unavailable                 something waited for is not there yet (transient)
+        └── Stopped                     asked to stop while waiting for the broker
 
 Messages follow one template, ``'{name}' must be {expected} (got {value!r})``, and say where
 (sample position, tensor name, topic-partition-offset) whenever that is known.
@@ -43,6 +45,14 @@ class ConfigError(RolloutBusError, ValueError):
 
 class BrokerError(RolloutBusError):
     """The local Kafka broker cannot be fetched, started, stopped or reached."""
+
+
+class Unavailable(BrokerError):
+    """Something a caller waits for is not there yet (a topic without partitions): transient."""
+
+
+class Stopped(BrokerError):
+    """The process was asked to stop while waiting for the broker."""
 
 
 class RecordTooLargeError(BrokerError):

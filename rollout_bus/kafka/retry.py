@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from rollout_bus.errors import RolloutBusError
+from rollout_bus.errors import Stopped, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +51,6 @@ _TOO_LARGE: tuple[type[BaseException], ...] = tuple(
                     ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError"))
     if cls is not None)
 _NEVER: tuple[type[BaseException], ...] = (kafka_errors.CommitFailedError,) + _TOO_LARGE
-
-
-class Unavailable(RolloutBusError):
-    """Something a caller waits for is not there yet (a topic without partitions): transient."""
-
-
-class Stopped(RolloutBusError):
-    """The process was asked to stop while waiting for the broker."""
 
 
 def is_too_large(exc: BaseException | None) -> bool:
