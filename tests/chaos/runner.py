@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
