@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from producers.publisher import TurnPublisher
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.local_broker import port_is_free
 from rollout_bus.topics import Topics
+from tests.integration.test_publisher import read_all
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,26 +52,6 @@ def own_broker(tmp_path):
         yield port, data_dir
     finally:
         kafka("stop", port, data_dir)
-
-
-def read_everything(bootstrap: str, topic: str, expected: int, timeout_s: float = 120.0) -> list:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        got: list = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and len(got) < expected:
-            for batch in consumer.poll(timeout_ms=500).values():
-                got.extend(batch)
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # nothing more should come
-            for batch in consumer.poll(timeout_ms=200).values():
-                got.extend(batch)
-        return got
-    finally:
-        consumer.close()
 
 
 def test_publishing_through_a_two_minute_broker_outage_delivers_every_record_once_in_order(own_broker, caplog):
@@ -120,7 +100,7 @@ def test_publishing_through_a_two_minute_broker_outage_delivers_every_record_onc
     assert not errors, errors
     publisher.close()
 
-    records = read_everything(bootstrap, topics.turns, len(sent))
+    records = read_all({"bootstrap_servers": bootstrap}, topics.turns, len(sent), timeout_s=120.0)
     seqs = [int(r.value) for r in records]
     assert sorted(seqs) == sent == list(range(len(sent))), "a record was lost or doubled"
     assert len(sent) > 200 + OUTAGE_S / 0.25 * 0.8
