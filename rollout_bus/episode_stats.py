@@ -15,9 +15,9 @@ Contract:
   - rewards: the exact ``Fraction`` sum of per-rollout mean rewards and the number of rollouts
     that had a numeric reward, for all rollouts and per adapter name.
 
-* Rewards: numeric as ``sample.reward_number`` says: a bool (numpy's too), an int or a finite
-  float (NaN and infinities count as no reward, as in ``train_data``, where NaN marks a non-numeric reward); None, dicts and strings are
-  skipped. The source is ``metadata["raw_reward"]`` for every sample when the *first sample of
+* Rewards: numeric as ``sample.reward_number`` says (the rule ``train_data`` follows too): a bool
+  (numpy's too) as 0 or 1, an int, or a finite float. NaN, infinities, None, dicts and strings
+  are skipped. The source is ``metadata["raw_reward"]`` for every sample when the *first sample of
   the batch* has that key, else ``reward`` (miles' rule); a sample lacking the chosen source has
   no reward.
 * ``EpisodeStats`` accumulates finished episodes for a stream window. ``metrics()`` equals the

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -28,6 +29,7 @@ from rollout_bus.errors import ContractError, must_be
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
 TOKEN_ALIGNED_FIELDS = ("tokens", "loss_mask", "rollout_log_probs")
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -56,14 +58,15 @@ def reward_number(value: Any) -> int | float | None:
     """The one rule for which rewards count, shared by the metrics and ``train_data``.
 
     A bool (Python's or numpy's: a pass/fail verifier) counts as 0 or 1; an integer (numpy's
-    included) as itself; any other real number when it is finite. NaN, infinities, None, strings,
-    dicts and everything else do not count (None is returned): the metrics skip them and
-    ``train_data`` gives them a NaN raw reward and a normalised reward of 0.
+    included) as itself; any other real number when it is finite. NaN, infinities, integers too
+    large for a float (the trainer's tensors would hold inf), None, strings, dicts and everything
+    else do not count (None is returned): the metrics skip them and ``train_data`` gives them a NaN
+    raw reward and a normalised reward of 0.
     """
     if isinstance(value, (bool, np.bool_)):
         return int(value)
     if isinstance(value, (int, np.integer)):
-        return int(value)
+        return int(value) if abs(int(value)) <= _FLOAT_MAX else None
     if isinstance(value, numbers.Real):
         number = float(value)
         return number if math.isfinite(number) else None

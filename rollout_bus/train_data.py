@@ -7,18 +7,20 @@ Contract:
   arrays in their shard dtypes: ``tokens`` int32, ``loss_masks`` uint8 (None -> ones,
   ``remove_sample`` -> zeros), ``rollout_log_probs`` float32 (only when every sample has them),
   ``rollout_sampling_mask_ids`` int32 / ``..._offsets`` int64 (only when every sample has a mask:
-  a batch that mixes raises ``MaskCheckError`` naming the first sample without one). Identity
-  fields that are None become -1 (``sample_indices``, ``group_indices``, ``rollout_ids``,
-  ``adapter_slots``); ``rollout_ids`` is the rollout_id, else the sample index.
-* Rewards: ``raw_reward`` is each sample's reward (a dict reward selects ``reward_key``; anything
-  non-numeric, a missing key included, is NaN). ``rewards`` is normalised per prompt group
-  ``(adapter, group_index)`` over rollouts, not rows: the siblings of one rollout (same adapter,
-  group and rollout key, the key being rollout_id, else index, else batch position) must share one
-  reward. ``"none"`` keeps it, ``"grpo"`` subtracts the group mean, ``"grpo_std"`` also divides by
-  ``std + 1e-6`` when the group has more than one numeric rollout and ``std > 0``. The std is the
-  sample (Bessel-corrected) one, as ``torch.std`` computes it in miles. A non-finite reward gives 0
-  and is left out of its group's statistics. Samples with ``group_index=None`` form one group per
-  adapter.
+  a batch that mixes raises ``MaskCheckError`` naming the first sample without one). An element
+  that is not a ``Sample`` raises ``ContractError`` naming its position and type before any other
+  check. Identity fields that are None become -1 (``sample_indices``, ``group_indices``,
+  ``rollout_ids``, ``adapter_slots``); ``rollout_ids`` is the rollout_id, else the sample index.
+* Rewards: ``raw_reward`` is each sample's reward (a dict reward selects ``reward_key``) when it
+  counts under ``sample.reward_number`` (the metrics' rule too: bools as 0/1, ints, finite
+  floats), else NaN (NaN, infinities, None, strings, a missing key). ``rewards`` is normalised
+  per prompt group ``(adapter, group_index)`` over rollouts, not rows: the siblings of one
+  rollout (same adapter, group and rollout key, the key being rollout_id, else index, else batch
+  position) must share one reward. ``"none"`` keeps it, ``"grpo"`` subtracts the group mean,
+  ``"grpo_std"`` also divides by ``std + 1e-6`` when the group has more than one numeric rollout
+  and ``std > 0``. The std is the sample (Bessel-corrected) one, as ``torch.std`` computes it in
+  miles. A reward that does not count gives 0 and is left out of its group's statistics. Samples
+  with ``group_index=None`` form one group per adapter.
 * ``split_train_data_by_dp(data, dp_size)`` gives one dict per rank: the per-sample keys restricted
   to that rank, ``partition`` (its batch positions, ascending), other keys copied whole. Ranks get
   ``n // dp`` or ``n // dp + 1`` samples and are balanced by ``len(tokens)``: a deterministic
@@ -173,10 +175,17 @@ def _check_log_probs_everywhere(samples: Sequence[Sample]) -> bool:
     )
 
 
-def _validate_samples(samples: Sequence[Sample]) -> None:
+def _check_all_samples(samples: Sequence[Any]) -> None:
+    """Refuse anything that is not a Sample, by position, before any check reads a Sample field."""
     for position, sample in enumerate(samples):
         if not isinstance(sample, Sample):
-            raise ContractError(must_be(f"samples[{position}]", "a Sample", type(sample).__name__))
+            raise ContractError(
+                must_be("sample", "a Sample", type(sample).__name__, where=f"batch position={position}")
+            )
+
+
+def _validate_samples(samples: Sequence[Sample]) -> None:
+    for position, sample in enumerate(samples):
         try:
             sample.validate()
         except ValueError as exc:
@@ -202,9 +211,7 @@ def convert_samples_to_train_data(
     if normalization not in NORMALIZATIONS:
         raise ConfigError(must_be("normalization", f"one of {', '.join(NORMALIZATIONS)}", normalization))
     samples = list(samples)
-    for position, sample in enumerate(samples):
-        if not isinstance(sample, Sample):
-            raise ContractError(must_be("sample", "a Sample", type(sample).__name__, where=f"batch position={position}"))
+    _check_all_samples(samples)
     has_masks = _check_masks_everywhere(samples)
     _validate_samples(samples)
     has_log_probs = _check_log_probs_everywhere(samples)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.metrics import compute_metrics_from_samples, compute_training_sample_metrics
+from rollout_bus.metrics import EpisodeStats, compute_metrics_from_samples, compute_training_sample_metrics
 from rollout_bus.sample import Sample, Status, reward_number
+from rollout_bus.sampling_mask import RolloutSamplingMask
 from rollout_bus.train_data import convert_samples_to_train_data
 
 REWARDS = [
@@ -18,7 +19,8 @@ REWARDS = [
     pytest.param("x", None, id="string"),
     pytest.param({}, None, id="dict"),
     pytest.param(True, 1, id="bool"),
-    pytest.param(np.bool_(False), 0, id="numpy-bool"),
+    pytest.param(np.bool_(True), 1, id="numpy-bool-true"),
+    pytest.param(np.bool_(False), 0, id="numpy-bool-false"),
     pytest.param(math.nan, None, id="nan"),
     pytest.param(math.inf, None, id="inf"),
     pytest.param(-math.inf, None, id="minus-inf"),
@@ -26,6 +28,7 @@ REWARDS = [
     pytest.param(np.float64(np.nan), None, id="numpy-nan"),
     pytest.param(np.int64(2), 2, id="numpy-int64"),
     pytest.param(3, 3, id="int"),
+    pytest.param(10**400, None, id="int-beyond-float"),
 ]
 
 
@@ -39,10 +42,18 @@ def test_the_reward_rule(reward, counts_as):
     assert reward_number(reward) == counts_as
 
 
+@pytest.mark.parametrize("source", ["reward", "metadata"])
 @pytest.mark.parametrize("reward, counts_as", REWARDS)
-def test_metrics_and_trainer_conversion_agree_on_which_rollouts_have_a_reward(reward, counts_as):
+def test_metrics_and_trainer_conversion_agree_on_which_rollouts_have_a_reward(reward, counts_as, source):
     samples = [_sample(0, reward), _sample(1, 10)]  # one rollout with the reward under test, one with 10
+    if source == "metadata":  # the metrics read metadata["raw_reward"] when the first sample has it
+        for sample in samples:
+            sample.metadata = {"raw_reward": sample.reward}
     metrics = compute_training_sample_metrics(samples)
+    stats = EpisodeStats()
+    for sample in samples:
+        stats.add_episode([sample])
+    assert stats.metrics()["episode_raw_reward"] == metrics["episode_raw_reward"]
     data = convert_samples_to_train_data(samples, normalization="grpo")
     if counts_as is None:
         assert metrics["episode_raw_reward"] == 10.0  # the other rollout alone
@@ -64,7 +75,19 @@ def test_weight_versions_are_numeric_only_as_ascii_digits(versions, oldest):
     assert metrics.get("weight_version/min") == (None if oldest is None else float(oldest))
 
 
-@pytest.mark.parametrize("bad", [None, "sample", {"tokens": [1]}])
-def test_a_batch_holding_something_other_than_a_sample_is_refused_naming_its_position(bad):
-    with pytest.raises(ContractError, match=r"batch position=1"):
+@pytest.mark.parametrize("bad, type_name", [(None, "NoneType"), ("sample", "str"), ({"tokens": [1]}, "dict")])
+def test_a_batch_holding_something_other_than_a_sample_is_refused_naming_its_position(bad, type_name):
+    with pytest.raises(ContractError, match=rf"'sample' must be a Sample \(got '{type_name}'\) at batch position=1"):
         convert_samples_to_train_data([_sample(0, 1.0), bad])
+
+
+def test_a_lone_none_is_refused_as_a_contract_error_not_an_attribute_error():
+    with pytest.raises(ContractError, match=r"got 'NoneType'\) at batch position=0"):
+        convert_samples_to_train_data([None])
+
+
+def test_a_non_sample_is_refused_before_the_whole_batch_mask_check_reads_it():
+    masked = _sample(0, 1.0)
+    masked.rollout_sampling_mask = RolloutSamplingMask.from_mask_list([[1], [2]])
+    with pytest.raises(ContractError, match=r"got 'int'\) at batch position=1"):
+        convert_samples_to_train_data([masked, 7])
