@@ -8,7 +8,8 @@ fresh uuid hex), so the shard writer writes the last, partial batch. Several gen
 one run pass one ``--run-id`` and ``--no-end-of-run``; then one of them (the last to finish, run
 without ``--no-end-of-run``), or the operator with ``rollout-bus end-run --run-id``, closes the
 run once all are done. A broker outage shorter than ``--delivery-timeout`` (15 min) is ridden
-out: records wait in the producer, a WARNING line every 10 s and the progress line say so.
+out: records wait in the producer, a WARNING line every 10 s and the progress line say so; a
+generator started while the broker is down waits for it as long, with the same WARNING lines.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import RolloutBusError
-from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.client_logs import quiet_client_logs
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSumm
 
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()
+    wait_for_cluster(kwargs, settings.delivery_timeout_s)  # started during an outage: wait it out, saying so
     ensure_topics(kwargs, topics, max_record_bytes=kafka.max_record_bytes)
     columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
                "turns sent, {task.fields[mb]:.1f} MB{task.fields[note]}"), TimeElapsedColumn())

@@ -12,11 +12,18 @@ Contract of ``ensure_topics``:
   the run goes on: records up to the old size still flow, larger ones are dead-lettered by
   reference.
 * Returns the names created. Two processes racing to create the same topics is fine.
+* A cluster that does not answer (or refuses to create a topic) is a ``BrokerError`` naming the
+  bootstrap servers and kafka-python's reason, never a raw client traceback.
+
+``wait_for_cluster(client_kwargs, timeout_s)`` polls until the cluster answers, with a WARNING every
+10 s while it does not (a stage started during a broker outage waits it out instead of failing),
+and raises ``BrokerError`` after ``timeout_s``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from kafka import KafkaAdminClient
@@ -43,7 +50,7 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
     wanted = {spec.name: spec.partitions for spec in topics.specs()}
     wanted.update(extra or {})
     configs = topic_config(max_record_bytes)
-    admin = KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs)
+    admin = _admin(client_kwargs)
     try:
         existing = set(admin.list_topics())
         missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
@@ -60,8 +67,44 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         if present:
             raise_record_limits(admin, present, int(configs[MAX_MESSAGE_BYTES]))
         return list(missing)
+    except KafkaError as exc:
+        raise BrokerError(f"creating topics at {client_kwargs.get('bootstrap_servers')!r} failed: {exc!r}") from exc
     finally:
         admin.close()
+
+
+def _admin(client_kwargs: dict[str, Any], **more: Any) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs, **more)
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach the cluster at {client_kwargs.get('bootstrap_servers')!r}: {exc}") from exc
+
+
+def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_every_s: float = 10.0,
+                     probe_timeout_s: float = 5.0) -> None:
+    """Return once the cluster answers a metadata request; WARNING every ``log_every_s`` while it
+    does not; ``BrokerError`` after ``timeout_s``. Uses the full client settings (SASL/SSL too)."""
+    began = time.monotonic()
+    last_log = began
+    probe_ms = int(probe_timeout_s * 1000)
+    while True:
+        try:
+            admin = _admin(client_kwargs, bootstrap_timeout_ms=probe_ms, request_timeout_ms=probe_ms)
+            try:
+                admin.list_topics()
+                return
+            finally:
+                admin.close()
+        except (BrokerError, KafkaError) as exc:
+            now = time.monotonic()
+            if now - began >= timeout_s:
+                raise BrokerError(f"no Kafka cluster answered at {client_kwargs.get('bootstrap_servers')!r} "
+                                  f"within {timeout_s:.0f}s: {exc}") from exc
+            if now - last_log >= log_every_s:
+                last_log = now
+                logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs (gives up after "
+                               "%.0fs)", client_kwargs.get("bootstrap_servers"), now - began, timeout_s)
+        time.sleep(min(1.0, max(0.0, timeout_s - (time.monotonic() - began))))
 
 
 def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) -> list[str]:
@@ -107,10 +150,7 @@ def _record_limits(admin: KafkaAdminClient, names: list[str]) -> dict[str, int |
 
 def existing_topics(client_kwargs: dict[str, Any], names: list[str]) -> set[str]:
     """Which of ``names`` exist on the cluster; ``BrokerError`` when the cluster does not answer."""
-    try:
-        admin = KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach the cluster at {client_kwargs.get('bootstrap_servers')!r}: {exc}") from exc
+    admin = _admin(client_kwargs)
     try:
         return set(admin.list_topics()) & set(names)
     except KafkaError as exc:

@@ -253,8 +253,11 @@ class LocalBroker:
 
 
 def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
-    """A random KRaft cluster id (22 url-safe base64 characters) that never starts with '-': the
-    storage tool would read such an id as an option (1 start in 64 failed before)."""
+    """A random KRaft cluster id (22 url-safe base64 characters) that never starts with '-'.
+
+    One random id in 64 would, and Kafka's own command-line tools read ``-t -xyz`` as a missing
+    value followed by an option; ``format_storage`` copes with such ids, a person typing one does not.
+    """
     while True:
         found = base64.urlsafe_b64encode(random_bytes()).rstrip(b"=").decode()
         if not found.startswith("-"):
@@ -265,12 +268,14 @@ def format_storage(java: str, libs: Path, properties: Path, cluster_id: str) -> 
     """Format the log dirs named in ``properties`` for ``cluster_id`` (KRaft refuses unformatted dirs).
 
     Every node of one cluster must be formatted with the same id; ``--ignore-formatted`` makes a
-    second call on a formatted node a no-op.
+    second call on a formatted node a no-op. Any valid id works, one starting with '-' included
+    (a cluster id file written by hand or by an older version may hold one).
     """
     cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1",
            f"-Dlog4j2.configurationFile={properties.parent / 'log4j2.properties'}",
            "-cp", runtime.classpath(libs), "kafka.tools.StorageTool", "format",
-           "-t", cluster_id, "-c", str(properties), "--ignore-formatted"]
+           # one token: the tool's parser would read a separate value starting with '-' as an option
+           f"--cluster-id={cluster_id}", "-c", str(properties), "--ignore-formatted"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")

@@ -94,16 +94,25 @@ class ClusterNode(LocalBroker):
 
 
 class LocalCluster:
-    """Three combined broker+controller nodes on 127.0.0.1; node ids are 1, 2, 3."""
+    """Three combined broker+controller nodes on 127.0.0.1; node ids are 1, 2, 3.
 
-    def __init__(self, ports: tuple[int, ...] | list[int], data_dir: Path | str, echo: Callable[[str], None] = print):
+    Ports: either ``ports`` (one per node) or ``base_port`` (nodes on ``base_port``, ``+2``, ``+4``;
+    each controller on its node's port + 1). ``data_dir`` defaults to ``{cache}/cluster-{first port}``.
+    """
+
+    def __init__(self, ports: tuple[int, ...] | list[int] | None = None, data_dir: Path | str | None = None,
+                 echo: Callable[[str], None] = print, *, base_port: int | None = None):
+        if (ports is None) == (base_port is None):
+            raise ConfigError(must_be("ports or base_port", "exactly one of them", (ports, base_port)))
+        if base_port is not None:
+            ports = [base_port + 2 * i for i in range(NODES)]
         ports = tuple(int(p) for p in ports)
         taken = [q for p in ports for q in (p, p + 1)]
         if len(ports) != NODES or len(set(taken)) != len(taken) or not all(1 <= p <= 65534 for p in ports):
             raise ConfigError(must_be("ports", f"{NODES} ports in 1..65534, each with port + 1 free for its "
                                                "controller and no two overlapping", ports))
         self.ports = ports
-        self.data_dir = Path(data_dir).expanduser()
+        self.data_dir = Path(data_dir).expanduser() if data_dir else runtime.cache_root() / f"cluster-{ports[0]}"
         self.echo = echo
         voters = ",".join(f"{i}@127.0.0.1:{p + 1}" for i, p in enumerate(ports, start=1))
         self.nodes = {i: ClusterNode(i, p, self.data_dir / f"node-{i}", voters, self._cluster_id)

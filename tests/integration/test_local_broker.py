@@ -12,7 +12,9 @@ import time
 import pytest
 
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.local_broker import LocalBroker, new_cluster_id, port_is_free
+from rollout_bus.kafka import runtime
+from rollout_bus.kafka.local_broker import (LOG4J2, LocalBroker, format_storage, new_cluster_id, port_is_free,
+                                            server_properties)
 
 PORT = 39192
 
@@ -90,3 +92,13 @@ def test_a_cluster_id_never_starts_with_a_dash_which_the_storage_tool_reads_as_a
     assert base64.urlsafe_b64encode(dash_first).decode().startswith("-")
     assert new_cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAA"
     assert all(not new_cluster_id().startswith("-") for _ in range(2000))
+
+
+def test_storage_formats_with_a_cluster_id_that_starts_with_a_dash(tmp_path):
+    cluster_id = "-" + "A" * 21  # a valid id (base64url of 0xF8 and 15 zero bytes); `-t -AAA...` fails
+    (tmp_path / "log4j2.properties").write_text(LOG4J2)
+    properties = tmp_path / "server.properties"
+    properties.write_text(server_properties(PORT + 40, PORT + 41, tmp_path))
+    format_storage(runtime.java_executable(), runtime.ensure_jars(echo=lambda _: None), properties, cluster_id)
+    meta = (tmp_path / "data" / "meta.properties").read_text().splitlines()
+    assert f"cluster.id={cluster_id}" in meta

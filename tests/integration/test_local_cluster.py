@@ -35,6 +35,17 @@ def test_ports_must_be_three_without_overlap(tmp_path):
         LocalCluster([40010, 40020], tmp_path)
 
 
+def test_base_port_places_the_nodes_two_ports_apart(tmp_path):
+    cluster = LocalCluster(base_port=40100, data_dir=tmp_path)
+    assert cluster.ports == (40100, 40102, 40104) and cluster.node(3).controller_port == 40105
+    assert cluster.node(1).voters == "1@127.0.0.1:40101,2@127.0.0.1:40103,3@127.0.0.1:40105"
+    assert cluster.bootstrap == "127.0.0.1:40100,127.0.0.1:40102,127.0.0.1:40104"
+    with pytest.raises(ConfigError, match="ports or base_port"):
+        LocalCluster([40010, 40020, 40030], tmp_path, base_port=40100)
+    with pytest.raises(ConfigError, match="ports or base_port"):
+        LocalCluster(data_dir=tmp_path)
+
+
 def _produce(producer: KafkaProducer, start: int, count: int) -> None:
     futures = [producer.send(TOPIC, key=b"k%d" % (i % 7), value=b"%d" % i) for i in range(start, start + count)]
     producer.flush(timeout=120)

@@ -73,3 +73,30 @@ def test_a_refused_raise_is_a_warning_naming_the_topic_and_both_sizes(caplog):
     assert raise_record_limits(RefusingAdmin(), ["x.rollout.turns"], 68157440) == []
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "topic=x.rollout.turns" in line and "1048588" in line and "68157440" in line
+
+
+def closed_port() -> int:
+    import socket
+    with socket.socket() as sock:  # bound, never listening: connections are refused at once
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_cluster_that_does_not_answer_is_a_broker_error_not_a_client_traceback(caplog):
+    from rollout_bus.errors import BrokerError
+    from rollout_bus.kafka.admin import wait_for_cluster
+
+    kwargs = {"bootstrap_servers": f"127.0.0.1:{closed_port()}"}
+    with pytest.raises(BrokerError, match=kwargs["bootstrap_servers"]):
+        ensure_topics({**kwargs, "bootstrap_timeout_ms": 1000}, Topics(prefix="nobody."))
+    caplog.set_level(logging.WARNING, logger="rollout_bus.kafka.admin")
+    with pytest.raises(BrokerError, match=r"no Kafka cluster answered .* within 4s"):
+        wait_for_cluster(kwargs, 4.0, log_every_s=1.0, probe_timeout_s=0.5)
+    waits = [r.getMessage() for r in caplog.records if "waiting for broker" in r.getMessage()]
+    assert waits and all(kwargs["bootstrap_servers"] in w for w in waits)
+
+
+def test_waiting_for_a_cluster_that_answers_returns_at_once(client_kwargs):
+    from rollout_bus.kafka.admin import wait_for_cluster
+
+    wait_for_cluster(client_kwargs, 30.0)  # raises if it does not answer within 30 s
