@@ -4,14 +4,18 @@ Contract:
 
 * ``ChaosRun`` starts the stages as ``python -m rollout_bus.cli.<stage>`` processes (``StageProcess``)
   on fresh topics (its own prefix) and its own out dir. The generator runs with the workload's fixed
-  seed and flags, so every run of one workload publishes the same episodes. No ``--idle-flush-s``:
+  seed and flags, so every run of one workload publishes the same episodes, and with the run's own
+  ``--run-id`` (a restarted generator closes the same run). No ``--idle-flush-s``:
   batch boundaries come from the log alone (full step batches, then the generator's end of run).
 * ``watch`` polls about every ``POLL_S``: the record counts of rollout.turns, rollout.episodes and the
   dead letters read, and the complete batches on disk (one ``Observation``). A stage that exits on
   its own (other than the generator with 0) fails the run at once. The run is done when the
   generator has exited 0, reconciliation holds (``rollout_bus.pipeline.accounting``: every episode of
   its summary in exactly one batch, or in the DLQ), the fault thread has finished, and the
-  scenario's own condition holds; or when the deadline passes.
+  scenario's own condition holds; or when the deadline passes. A run whose episodes are all settled
+  (each in a batch or in the DLQ) but not cleanly (a valid episode only in the DLQ, one in two
+  batches) ends once its counts have not moved for ``SETTLED_QUIET_S``: waiting longer changes
+  nothing, and the runner judges what is there.
 * The fault runs in its own thread with a ``FaultContext``: it waits on observations, kills, pauses
   and restarts stages through the run (under the run's lock, so a stage it killed is never taken for
   a crash), and marks when each fault is lifted: recovery is measured from there.
@@ -19,7 +23,6 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -37,10 +40,12 @@ from rollout_bus.pipeline.accounting import Reconciliation, reconcile
 from rollout_bus.pipeline.processes import StageProcess
 from rollout_bus.pipeline.watch import TopicWatcher
 from rollout_bus.topics import Topics
+from tests.chaos.evidence import log_excerpt
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
+SETTLED_QUIET_S = 15.0  # settled but not ok, and nothing moved for this long: the run is over
 # a broker that is down must not stall the watch loop for kafka-python's default 30 s per request
 WATCH_CLIENT = {"request_timeout_ms": 3000}
 STAGE_ORDER = ("stream", "shards", "generate")  # consumers first, so nothing waits on a late subscriber
@@ -99,24 +104,6 @@ class Aborted(Exception):
     """The run ended (done, failed or timed out) while the fault was still under way."""
 
 
-def shard_digests(shards_dir: Path) -> dict[str, str]:
-    """sha256 of every shard file, by path relative to ``shards_dir``."""
-    return {str(p.relative_to(shards_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(shards_dir.glob("batch-*/dp-*.safetensors"))}
-
-
-def longest_episode_tokens(shards_dir: Path) -> int:
-    """Response tokens of the longest episode in the shards (its segments summed, per rollout)."""
-    from rollout_bus.shards import load_shard  # safetensors: only the runs that ask pay for it
-
-    totals: dict[tuple[int, int, int], int] = {}
-    for path in sorted(shards_dir.glob("batch-*/dp-*.safetensors")):
-        for sample in load_shard(path).samples():
-            key = (sample.adapter_slot, sample.group_index, sample.rollout_id)
-            totals[key] = totals.get(key, 0) + int(sample.response_length)
-    return max(totals.values(), default=0)
-
-
 class ChaosRun:
     """The three stages of one run, on topics of its own, watched until accounted for."""
 
@@ -133,6 +120,7 @@ class ChaosRun:
         self.lock = threading.RLock()
         self.history: list[Observation] = []
         self.reconciled_at: float | None = None
+        self.settled_badly = False  # every episode placed, but not cleanly (see the module docstring)
         self.failure: str | None = None
         self.watcher: TopicWatcher | None = None
 
@@ -145,7 +133,9 @@ class ChaosRun:
         if name == "shards":
             return [*common, "--out", str(self.shards_dir), "--dp-size", str(w.dp_size), "--groups-per-batch",
                     str(w.groups_per_batch), "--group-id", f"chaos-{self.run_id}-shards"]
-        return [*common, *w.generator_flags(), "--summary-out", str(self.summary_path)]
+        # one run id for every generator process of the run: a restarted generator closes the same run,
+        # completing any end-of-run markers a killed one left half sent (the writer holds those uncommitted)
+        return [*common, *w.generator_flags(), "--run-id", self.run_id, "--summary-out", str(self.summary_path)]
 
     def start(self) -> None:
         """Create the topics (with the cluster's replication), the watcher, then every stage."""
@@ -197,6 +187,20 @@ class ChaosRun:
         with self.lock:
             return self.history[-1] if self.history else None
 
+    def quiet_for(self) -> float:
+        """Seconds since the counts (turns, episodes, dead letters, batches) last changed."""
+        with self.lock:
+            if not self.history:
+                return 0.0
+            last = self.history[-1]
+            since = last
+            for obs in reversed(self.history):
+                if (obs.turns, obs.episodes, obs.dead_letters, obs.batches) != (
+                        last.turns, last.episodes, last.dead_letters, last.batches):
+                    break
+                since = obs
+            return last.t - since.t
+
     def dead_letters(self) -> list[DeadLetter]:
         assert self.watcher is not None
         return self.watcher.dead_letters(self.topics.dlq)
@@ -237,8 +241,13 @@ class ChaosRun:
                 result = reconcile(self.sent() or [], self.shards_dir, self.dead_letters(), verify=False)
                 if result.ok:
                     self.reconciled_at = obs.t
+                self.settled_badly = result.settled and not result.ok
             fault_done = thread is None or not thread.is_alive()
             if self.reconciled_at is not None and fault_done and condition(self):
+                break
+            if self.settled_badly and fault_done and self.quiet_for() >= SETTLED_QUIET_S:
+                logger.info("run=%s settled, not cleanly, and quiet for %.0fs: judging it now", self.run_id,
+                            SETTLED_QUIET_S)
                 break
             if obs.t > deadline:
                 self.failure = (f"timed out after {timeout_s:.0f}s (turns {obs.turns}, episodes {obs.episodes}, "
@@ -266,8 +275,10 @@ class ChaosRun:
             self.watcher.close()
             self.watcher = None
 
-    def log_tails(self, lines: int = 15) -> dict[str, str]:
-        return {name: stage.log_tail(lines) for name, stage in self.stages.items()}
+    def log_tails(self, lines: int = 15, warnings: int = 12) -> dict[str, str]:
+        """Per stage: its last ``warnings`` WARNING/ERROR lines (where a failure usually shows; the
+        last lines are often periodic counts), then its last ``lines`` lines."""
+        return {name: log_excerpt(stage.log_path, lines, warnings) for name, stage in self.stages.items()}
 
     def final_reconciliation(self, expected: Expected) -> tuple[Reconciliation | None, str]:
         """Reconcile against the run's own summary, or the baseline's (same seed) when it wrote none."""

@@ -30,8 +30,8 @@ from typing import Callable
 from rollout_bus.kafka.local_broker import LocalBroker
 from rollout_bus.kafka.local_cluster import LocalCluster, free_ports
 from tests.chaos.faults import injected_ids
-from tests.chaos.harness import (ChaosRun, Expected, FaultContext, RunFacts, Workload, longest_episode_tokens,
-                                 recovery_times, shard_digests)
+from tests.chaos.evidence import longest_episode_tokens, shard_digests
+from tests.chaos.harness import ChaosRun, Expected, FaultContext, RunFacts, Workload, recovery_times
 from tests.chaos.scenarios import BY_NAME, FULL, QUICK, Scenario
 
 logger = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def format_failures(rows: list[Row], log_lines: int = 12) -> str:
+def format_failures(rows: list[Row], line_chars: int = 240) -> str:
     """Every problem of each failed row, with the last lines of each stage's log."""
     parts = []
     for row in rows:
@@ -279,7 +279,7 @@ def format_failures(rows: list[Row], log_lines: int = 12) -> str:
         parts += [f"  - {p}" for p in row.problems]
         for stage, tail in row.logs.items():
             parts.append(f"  -- last lines of {stage}.log:")
-            parts += ["     " + line for line in tail.splitlines()[-log_lines:]]
+            parts += ["     " + line[:line_chars] for line in tail.splitlines()]
     return "\n".join(parts)
 
 

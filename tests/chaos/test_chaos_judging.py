@@ -14,7 +14,8 @@ from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.pipeline.accounting import Reconciliation
 from streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from tests.chaos.faults import CHAOS_ID, malformed_records
-from tests.chaos.harness import Expected, Observation, RunFacts, Signal, recovery_times
+from tests.chaos.evidence import log_excerpt
+from tests.chaos.harness import ChaosRun, Expected, Observation, RunFacts, Signal, Workload, recovery_times
 from tests.chaos.runner import format_table, judge
 from tests.chaos.scenarios import BY_NAME, FULL, QUICK
 
@@ -107,3 +108,22 @@ def test_scenario_names_are_unique_and_the_full_table_has_every_fault_of_the_bri
 def test_longest_episode_check_fails_when_shards_are_missing(tmp_path: Path):
     row = judge("long", BY_NAME["long-episodes-128k"], _facts(_ok()), EXPECTED, tmp_path)
     assert not row.passed and any("longest episode" in p for p in row.problems)
+
+
+def test_quiet_for_counts_from_the_last_change_of_any_count(tmp_path: Path):
+    run = ChaosRun("127.0.0.1:1", Workload("w", episodes=4), tmp_path, label="quiet")  # starts nothing
+    assert run.quiet_for() == 0.0
+    run.history = [_obs(0, 1), _obs(5, 2), _obs(9, 2), _obs(20, 2)]
+    assert run.quiet_for() == 15.0
+    run.history.append(Observation(21, turns=1, episodes=0, dead_letters=0, batches=2))  # a turn moved
+    assert run.quiet_for() == 0.0
+
+
+def test_log_excerpt_keeps_earlier_warnings_before_the_last_lines(tmp_path: Path):
+    log = tmp_path / "stage.log"
+    log.write_text("\n".join(["a INFO start", "b WARNING streams.processor: dead letter kind=gap",
+                              *[f"c INFO counts {i}" for i in range(20)]]))
+    excerpt = log_excerpt(log, lines=3, warnings=5).splitlines()
+    assert excerpt == ["b WARNING streams.processor: dead letter kind=gap", "...",
+                       "c INFO counts 17", "c INFO counts 18", "c INFO counts 19"]
+    assert log_excerpt(tmp_path / "none.log", 3, 5) == "(no log)"
