@@ -23,6 +23,9 @@ Faust troubles:
   raises ``RecordTooLargeError`` to the processor, which dead-letters it by reference;
 * broker outages are waited out inside the clients: the producer's request timeout is Faust's
   (20 minutes), so a send waits for the broker rather than failing;
+* a rebalance pauses the processor (``TurnProcessor.pause``: the record in hand finishes, in-flight
+  finals are applied, the producer is flushed) until the recovery is complete: the memory store's
+  recovery replays the whole changelog into the live table, over any record processed meanwhile;
 * any error that is not a bad record calls ``on_fatal`` (default: log and exit the process with
   ``EXIT_AGENT_CRASH``), so a broken agent never idles silently; replay makes the exit safe.
 """
@@ -210,7 +213,18 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
 
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        processor.forget_partitions()
+        # the record in hand is finished and its state written before Faust recovers the table
+        # (stream_wait_empty is off, so Faust itself does not wait for it)
+        try:
+            await processor.pause()
+            await app.producer.flush()
+        except Exception as exc:
+            on_fatal(exc, processor.outcomes.summary())
+            raise
+
+    @app.on_rebalance_complete.connect
+    async def _rebalanced(sender: Any, **_: Any) -> None:
+        processor.resume()
 
     @app.timer(interval=CATCH_UP_INTERVAL_S)
     async def _catch_up_idle_partitions() -> None:

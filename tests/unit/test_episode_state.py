@@ -446,3 +446,43 @@ def test_pruning_resumes_from_the_table_after_a_reassignment():
     processor.forget_partitions()  # a rebalance: the order is rebuilt from the markers in the table
     _run(processor, _records(_episode(32, 1), start_offset=2) + _records(_episode(33, 1), start_offset=3))
     assert processor.outcomes["finished_markers_pruned"] == 2
+
+
+def test_a_rebalance_pause_waits_for_the_record_in_hand_applies_its_final_and_holds_records_until_resume():
+    records = _records(_episode(1, 3))
+    fetched = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_fetch(topic, partition, start, end):  # a catch-up read still under way when the rebalance begins
+        fetched.set()
+        await release.wait()
+        return records[start:end]
+
+    processor, sink, topics = _processor(store={position_key(0): b"0"}, fetch=slow_fetch)
+    late = _records(_episode(2, 1), start_offset=3)[0]
+
+    async def go():
+        in_hand = asyncio.create_task(processor.handle(records[2]))  # offsets 0-1 were skipped: read back first
+        await fetched.wait()
+        pause = asyncio.create_task(processor.pause())
+        await asyncio.sleep(0)
+        paused_early = pause.done()
+        release.set()
+        await asyncio.gather(in_hand, pause)
+        state_at_pause = (EpisodeIndex.from_bytes(processor.table[index_key(records[0].key)]).finished,
+                          int(processor.table[position_key(0)]))
+        held = asyncio.create_task(processor.handle(late))
+        idle = asyncio.create_task(processor.drain_idle())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        held_while_paused = (held.done(), idle.done(), len(sink.on(topics.episodes)))
+        processor.resume()
+        await asyncio.gather(held, idle)
+        await processor.drain()
+        return paused_early, state_at_pause, held_while_paused
+
+    paused_early, state_at_pause, held_while_paused = asyncio.run(asyncio.wait_for(go(), 30))
+    assert not paused_early  # the pause waited for the record in hand
+    assert state_at_pause == (True, 3)  # its final was acknowledged and applied, its position recorded
+    assert held_while_paused == (False, False, 1)  # nothing touched the state until resume()
+    assert len(sink.on(topics.episodes)) == 2 and int(processor.table[position_key(0)]) == 4
