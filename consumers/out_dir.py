@@ -27,7 +27,6 @@ Contract:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterable
@@ -39,6 +38,7 @@ from consumers.batcher import Batch, GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.sample import AdapterRef
 from rollout_bus.metrics import compute_metrics_from_samples
+from rollout_bus.records import ShardAnnouncement, announcement_value, parse_announcement
 from rollout_bus.train_data import (MANIFEST_NAME, batch_path, convert_samples_to_train_data, read_manifest,
                                     split_train_data_by_dp, verify_batch, write_batch_shards)
 
@@ -153,24 +153,16 @@ def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[s
 
 
 def announcement(manifest: dict[str, Any], batch_dir: Path) -> bytes:
-    """The rollout.shards value for one batch (compact, sorted JSON)."""
+    """The rollout.shards value for one batch (``records.announcement_value``)."""
     manifest_path = Path(batch_dir).resolve() / MANIFEST_NAME
-    doc = {**manifest, "dir": str(manifest_path.parent), "manifest_path": str(manifest_path),
-           "manifest_sha256": hashlib.sha256(manifest_path.read_bytes()).hexdigest()}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    sha = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+    return announcement_value(ShardAnnouncement(manifest, str(manifest_path.parent), str(manifest_path), sha))
 
 
 def announced_ids(values: Iterable[bytes | None]) -> set[tuple[str, str]]:
     """(dir, manifest_sha256) of every announcement among rollout.shards record values."""
-    ids = set()
-    for value in values:
-        try:
-            doc = json.loads(value) if value else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue  # not ours to judge; a foreign record on the topic
-        if isinstance(doc, dict) and isinstance(doc.get("dir"), str) and isinstance(doc.get("manifest_sha256"), str):
-            ids.add((doc["dir"], doc["manifest_sha256"]))
-    return ids
+    found = (parse_announcement(value) for value in values)
+    return {(a.dir, a.manifest_sha256) for a in found if a is not None}
 
 
 def convert_batch(batch: Batch, *, dp_size: int, normalization: str) -> tuple[list, list[dict[str, Any]]]:

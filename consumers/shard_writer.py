@@ -65,9 +65,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.structs import OffsetAndMetadata
-
 from consumers.batcher import DEFAULT_WRITTEN_MEMORY, Batch, Batcher, Outcome
 from consumers.delivery import Outbox, Outgoing
 from consumers.end_of_run import EndOfRunTracker
@@ -75,10 +72,12 @@ from consumers.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from consumers.out_dir import announced_ids, announcement, convert_batch, scan_out_dir, write_batch, written_keys
 from rollout_bus.dead_letter import DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, consumer_config, producer_config
+from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
+                                       new_producer, wait_for_partitions)
+from rollout_bus.kafka.limits import producer_config
 from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
 from rollout_bus.records import batch_metrics_record, control_kind
-from rollout_bus.topics import Topics
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 from rollout_bus.train_data import MANIFEST_NAME, batch_path
 
 logger = logging.getLogger(__name__)
@@ -196,13 +195,12 @@ class ShardWriter:
         send, and the writer's records tolerate a duplicate anyway (see ``consumers.delivery``). One
         request in flight keeps each partition in order."""
         sizes = producer_config(self.options.max_record_bytes)
-        return KafkaProducer(acks="all", enable_idempotence=False, max_in_flight_requests_per_connection=1,
-                             linger_ms=5, delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS,
-                             **sizes, **self.client_kwargs)
+        return new_producer(self.client_kwargs, acks="all", enable_idempotence=False,
+                            max_in_flight_requests_per_connection=1, linger_ms=5,
+                            delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS, **sizes)
 
     def _new_consumer(self, **kwargs: Any) -> KafkaConsumer:
-        return KafkaConsumer(enable_auto_commit=False, **consumer_config(self.options.max_record_bytes), **kwargs,
-                             **self.client_kwargs)
+        return new_consumer(self.client_kwargs, max_record_bytes=self.options.max_record_bytes, **kwargs)
 
     def _resume_from_disk(self) -> None:
         """Mark batches on disk written; announce the ones rollout.shards never saw."""
@@ -242,11 +240,8 @@ class ShardWriter:
             consumer.close()
 
     def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
-        def found() -> list[TopicPartition]:
-            partitions = consumer.partitions_for_topic(topic)
-            if not partitions:
-                raise Unavailable(f"topic {topic!r} has no partitions yet (create it first)")
-            return [TopicPartition(topic, p) for p in sorted(partitions)]
+        def found() -> list[TopicPartition]:  # MissingTopicError is Unavailable: retried
+            return [TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic, timeout_s=1.0)]
         return self._retry(found, f"the partitions of {topic}")
 
     def _open_consumer(self) -> KafkaConsumer:

@@ -37,18 +37,15 @@ import threading
 import time
 from typing import Any
 
-from kafka import KafkaProducer
-from kafka.codec import has_lz4
-from kafka.errors import KafkaError
-
 from producers.broker_wait import BrokerWaitWatch, PendingRecords, WaitFn
 from rollout_bus.codec import encode_samples
 from rollout_bus.errors import BrokerError, ContractError
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, pending_bytes_limit, producer_config
+from rollout_bus.kafka.clients import KafkaError, has_lz4, new_producer, wait_for_partitions
+from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
 from rollout_bus.metrics import get_rollout_key
 from rollout_bus.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders
 from rollout_bus.sample import Sample
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, rollout_key_string
 
 logger = logging.getLogger(__name__)
 
@@ -98,10 +95,7 @@ class TurnPublisher:
         self._closed = False
         self._pending = PendingRecords()
         self._pending_limit = pending_bytes
-        try:
-            self._producer = KafkaProducer(bootstrap_servers=bootstrap_servers, **config)
-        except KafkaError as exc:
-            raise BrokerError(f"cannot create a producer for bootstrap_servers={bootstrap_servers!r}: {exc}") from exc
+        self._producer = new_producer({"bootstrap_servers": bootstrap_servers}, **config)
         self._watch = BrokerWaitWatch(self._pending, topic, on_wait)
         logger.info("publisher ready topic=%s compression=%s max_record_bytes=%d delivery_timeout_s=%.0f", topic,
                     config["compression_type"], max_record_bytes, config["delivery_timeout_ms"] / 1000)
@@ -138,11 +132,9 @@ class TurnPublisher:
         marker = EndOfRun(run)
         with self._pending.blocked("end-of-run (partition metadata)"):
             try:
-                partitions = sorted(self._producer.partitions_for(self.topic) or ())
+                partitions = wait_for_partitions(self._producer, self.topic)
             except KafkaError as exc:
                 raise BrokerError(f"cannot find the partitions of topic={self.topic}: {exc}") from exc
-        if not partitions:
-            raise BrokerError(f"topic={self.topic} has no partitions to close run={run} on")
         for partition in partitions:
             self._send(END_OF_RUN_KEY, marker.value(), marker.headers(), partition=partition)
         self.flush()

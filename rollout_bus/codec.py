@@ -21,9 +21,9 @@ Contract:
   another exception, never pickle. Sizes are capped (``MAX_PAYLOAD_BYTES``, ``MAX_HEADER_BYTES``,
   or the keyword arguments of ``decode_samples``). Duplicate JSON keys resolve last-wins, as in
   every JSON parser; in the header any data they orphan fails the tiling check.
-* The safetensors framing lives in ``rollout_bus.safetensors_frame``. Long texts take fast paths
-  (written verbatim when they need no escaping, cut out by byte search before parsing) whose
-  output is exactly that of ``json`` (compact, key-sorted, ``ensure_ascii=False``) or which decline.
+* The safetensors framing lives in ``rollout_bus.safetensors_frame``, the JSON document's fast
+  paths for long texts in ``rollout_bus.samples_json``: this module keeps the field tables and
+  the rules.
 * Decoded tensors are read-only numpy views into the payload, an immutable ``bytes`` (a bytearray
   or memoryview is copied once first), so they never alias a buffer the caller may reuse.
   Metadata, prompts and dict rewards must be JSON-native (dicts with str keys, lists, str, int,
@@ -32,7 +32,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from rollout_bus.errors import CodecError, must_be
 from rollout_bus.safetensors_frame import clip as _clip
 from rollout_bus.safetensors_frame import loads as _loads
 from rollout_bus.safetensors_frame import read_frame, write_frame
+from rollout_bus.samples_json import dump_document, load_document
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
@@ -314,15 +314,6 @@ def _resolve(fields: Any) -> tuple[_Field, ...]:
 
 # ---------------------------------------------------------------- encode
 
-_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-# Escaping text costs the JSON encoder ~4 ns a character; a string without quote, backslash or
-# control character is written verbatim, so long ones are lifted out, replaced by _MARK (which no
-# lifted string can be: it holds control characters) and spliced back as their UTF-8 bytes.
-_VERBATIM_MIN = 512
-_MARK = "\x00\x01"
-_MARK_JSON = _JSON.encode(_MARK)
-
-
 def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_FIELDS,
                    metadata: dict | None = None) -> bytes:
     """Pack ``samples`` (and a JSON-native ``metadata`` dict) into one deterministic safetensors buffer.
@@ -339,7 +330,7 @@ def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_F
         raise CodecError(must_be("samples", "a sequence of Sample", type(samples).__name__)) from exc
     tensors: list[tuple[str, str, np.ndarray]] = []
     entries = [_encode_sample(i, sample, specs, tensors) for i, sample in enumerate(samples)]
-    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(_dump_document(metadata, entries), dtype=_U8)))
+    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(dump_document(metadata, entries), dtype=_U8)))
     return write_frame(tensors, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES)
 
 
@@ -371,67 +362,6 @@ def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list
             tensors.append((f"{part.name}.{i}", part.wire, arr))
     entry["nulls"] = nulls
     return entry
-
-
-def _dump_document(metadata: dict, entries: list[dict]) -> bytes:
-    """The compact, key-sorted UTF-8 JSON of all samples: exactly ``_JSON``'s output, faster."""
-    texts: list[bytes] = []
-    lifted = [_lift_texts(entry, texts) for entry in entries]
-    try:
-        if texts:
-            pieces = _JSON.encode({"metadata": metadata, "samples": lifted}).split(_MARK_JSON)
-            if len(pieces) == len(texts) + 1:  # else some other string holds _MARK: write it all plainly
-                out = [pieces[0].encode("utf-8")]
-                for raw, piece in zip(texts, pieces[1:]):
-                    out += (b'"', raw, b'"', piece.encode("utf-8"))
-                document = b"".join(out)
-                # The encoder writes no raw control character: one here is in a lifted text.
-                if np.frombuffer(document, dtype=_U8).min() >= 0x20:
-                    return document
-        return _JSON.encode({"metadata": metadata, "samples": entries}).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CodecError(f"samples metadata cannot be written as JSON: {exc}") from exc
-
-
-def _lift_texts(entry: dict, texts: list[bytes]) -> dict:
-    """A copy of ``entry`` with long verbatim texts as _MARK, appended to ``texts`` in JSON order.
-
-    Sorted keys put ``prompt`` (a string, or messages whose ``content`` is one) before ``response``.
-    """
-    prompt, response = entry["prompt"], _verbatim(entry["response"])
-    if type(prompt) is str:
-        raw = _verbatim(prompt)
-        if raw is not None:
-            texts.append(raw)
-            prompt = _MARK
-    else:  # a list of messages
-        before = len(texts)
-        messages = [_lift_content(m, texts) for m in prompt]
-        prompt = messages if len(texts) > before else prompt
-    if response is not None:
-        texts.append(response)
-    if prompt is entry["prompt"] and response is None:
-        return entry
-    return {**entry, "prompt": prompt, "response": _MARK if response is not None else entry["response"]}
-
-
-def _lift_content(message: dict, texts: list[bytes]) -> dict:
-    raw = _verbatim(message.get("content")) if type(message) is dict else None
-    if raw is None:
-        return message
-    texts.append(raw)
-    return {**message, "content": _MARK}
-
-
-def _verbatim(text: Any) -> bytes | None:
-    """``text`` as UTF-8 when it is long and has no quote or backslash (control characters are
-    looked for once in the whole document)."""
-    if type(text) is not str or len(text) < _VERBATIM_MIN or '"' in text or "\\" in text:
-        return None
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: the plain encoder reports it
-        return None
 
 
 # ---------------------------------------------------------------- decode
@@ -468,7 +398,7 @@ def _decode(payload: bytes, specs: tuple[_Field, ...], max_header: int) -> tuple
     entries = read_frame(payload, max_header)
     begin, count = _claim(entries, META_TENSOR, _META_PART, "the payload")
     raw = payload[begin:begin + count]
-    document = _load_lifted(raw)
+    document = load_document(raw)
     document = _loads(raw, META_TENSOR) if document is None else document
     if type(document) is not dict or document.keys() != {"metadata", "samples"}:
         raise CodecError(must_be(META_TENSOR, "an object with keys metadata, samples", _clip(document)))
@@ -514,46 +444,6 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
     except (ValueError, TypeError) as exc:
         raise CodecError(f"decoded sample at position {i} is inconsistent: {exc}") from exc
     return sample
-
-
-_MARK_RAW = _MARK_JSON[1:-1].encode("ascii")
-_RESPONSE_KEY = b'"response":"'
-
-
-def _load_lifted(raw: bytes) -> dict | None:
-    """``json.loads(raw)`` with long sample responses cut out by byte search, or None when unsure.
-
-    Scanning text costs the JSON parser ~1 ns a character. In a document without a backslash
-    every quote delimits a string, so a response runs to the next quote, and the escape _MARK
-    stands in for it unambiguously; a _MARK found anywhere but in a sample's response means
-    the search hit something else, and None sends the caller to the plain parser.
-    """
-    if b"\\" in raw:
-        return None
-    spans, at = [], raw.find(_RESPONSE_KEY)
-    while at >= 0:
-        begin = at + len(_RESPONSE_KEY)
-        end = raw.find(b'"', begin)
-        if end < 0:
-            return None
-        if end - begin >= _VERBATIM_MIN:
-            spans.append((begin, end))
-        at = raw.find(_RESPONSE_KEY, end + 1)
-    if not spans or np.frombuffer(raw, dtype=_U8).min() < 0x20:  # control characters: let json.loads judge
-        return None
-    cuts = [0, *(at for span in spans for at in span), len(raw)]
-    try:
-        texts = [raw[begin:end].decode("utf-8") for begin, end in spans]
-        document = json.loads(_MARK_RAW.join(raw[cuts[k]:cuts[k + 1]] for k in range(0, len(cuts), 2)).decode())
-    except (ValueError, RecursionError):
-        return None
-    samples = document.get("samples") if type(document) is dict else None
-    marked = [e for e in samples if type(e) is dict and e.get("response") == _MARK] if type(samples) is list else []
-    if len(marked) != len(texts):
-        return None
-    for entry, text in zip(marked, texts):
-        entry["response"] = text
-    return document
 
 
 def _claim(entries: dict, name: str, part: _Part, where: str) -> tuple[int, int]:

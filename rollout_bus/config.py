@@ -12,8 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING
-from rollout_bus.topics import Topics
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, Topics
 
 ENV_PREFIX = "ROLLOUT_BUS_"
 
@@ -35,7 +34,7 @@ class KafkaSettings(_Settings):
     ssl_keyfile: str | None = None
     topic_prefix: str = ""
     local_port: int = 9092
-    # the largest record value on any topic (rollout_bus.kafka.limits): topics, producers, consumers
+    # the largest record value on any topic (rollout_bus.kafka.limits sizes topics, producers, consumers)
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1 << 20, le=MAX_RECORD_BYTES_CEILING)
 
     def client_kwargs(self) -> dict[str, Any]:

@@ -51,6 +51,11 @@ class Unavailable(BrokerError):
     """Something a caller waits for is not there yet (a topic without partitions): transient."""
 
 
+class MissingTopicError(Unavailable, ConfigError):
+    """A topic shows no partitions in the cluster's metadata: not created yet (a stage waits and
+    retries, as for ``Unavailable``) or a wrong name (a command-line value: ``ConfigError``)."""
+
+
 class Stopped(BrokerError):
     """The process was asked to stop while waiting for the broker."""
 

@@ -10,6 +10,11 @@ talks to no broker.
   where the metadata is ``EpisodeInfo`` (attempt, turns, group_size, sent_at of the final turn,
   event time); headers repeat attempt/group_size/schema for consumers that filter without decoding.
 - rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``.
+- rollout.shards: compact, sorted JSON: a batch's manifest plus where it lies (``dir``,
+  ``manifest_path``, ``manifest_sha256``), built by ``announcement_value`` and read back by
+  ``parse_announcement`` (None for a record that is not an announcement).
+- Keys: ``parse_rollout_key`` reads a rollout key string back (``topics.rollout_key_string``);
+  ``rollout_key_adapter`` is its adapter name, None for a key that names none or is no rollout key.
 - Control records, told apart from data by the ``control`` header (data records never carry it),
   so batch boundaries follow from the log alone, never from a clock:
 
@@ -168,6 +173,54 @@ def parse_rollout_key(key: bytes | str | None) -> RolloutKeyParts:
         raise ContractError(must_be("record key", shape + " with a group_index >= 0", parts))
     adapter = AdapterRef(name, slot) if name is not None else None
     return adapter, kind, group_index, ident
+
+
+def rollout_key_adapter(key: bytes | str | None) -> str | None:
+    """The adapter name a record key names; None when it names none or is not a rollout key."""
+    try:
+        adapter = parse_rollout_key(key)[0]
+    except ContractError:
+        return None
+    return adapter.name if adapter is not None else None
+
+
+# ------------------------------------------------------------------------------ shard announcements
+
+ANNOUNCEMENT_PLACE = ("dir", "manifest_path", "manifest_sha256")
+
+
+@dataclass(frozen=True)
+class ShardAnnouncement:
+    """One rollout.shards record: a written batch's manifest and where it lies."""
+
+    manifest: dict[str, Any]
+    dir: str
+    manifest_path: str
+    manifest_sha256: str
+
+    @property
+    def seq(self) -> int:
+        return int(self.manifest["seq"])
+
+
+def announcement_value(announcement: ShardAnnouncement) -> bytes:
+    """The rollout.shards value (compact, sorted JSON: the manifest's keys and the three place keys)."""
+    doc = {**announcement.manifest, "dir": announcement.dir, "manifest_path": announcement.manifest_path,
+           "manifest_sha256": announcement.manifest_sha256}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def parse_announcement(value: bytes | None) -> ShardAnnouncement | None:
+    """The announcement a rollout.shards value holds, or None for any other record (not ours to judge)."""
+    try:
+        doc = json.loads(value) if value else None
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("seq"), int) and isinstance(doc.get("shards"), list)
+            and all(isinstance(doc.get(k), str) for k in ANNOUNCEMENT_PLACE)):
+        return None
+    manifest = {k: v for k, v in doc.items() if k not in ANNOUNCEMENT_PLACE}
+    return ShardAnnouncement(manifest, doc["dir"], doc["manifest_path"], doc["manifest_sha256"])
 
 
 # ------------------------------------------------------------------------------- control records

@@ -18,6 +18,10 @@ HEADER_SENT_AT = "sent_at"
 SCHEMA_VERSION = "1"
 # A control record (end of run, abandoned episode) carries this header; data records never do.
 HEADER_CONTROL = "control"
+# The largest record value on any topic (``KafkaSettings.max_record_bytes``; ``rollout_bus.kafka.limits``
+# turns it into topic, producer and consumer settings). The broker refuses requests over 100 MiB.
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+MAX_RECORD_BYTES_CEILING = 96 << 20
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from rollout_bus.errors import ConfigError, ContractError, MaskCheckError, must_be
+from rollout_bus.metrics import get_rollout_key
 from rollout_bus.sample import Sample, Status, reward_number
 from rollout_bus.shards import (
     MANIFEST_NAME,
@@ -250,17 +251,6 @@ def _reward_value(reward: Any, reward_key: str | None) -> float:
     return math.nan if number is None else float(number)
 
 
-def _rollout_key(sample: Sample, position: int) -> tuple[Any, ...]:
-    """Rollout identity inside a prompt group, ordered as metrics.get_rollout_key."""
-    if sample.rollout_id is not None:
-        ident: tuple[str, int] = ("rollout", int(sample.rollout_id))
-    elif sample.index is not None:
-        ident = ("sample", int(sample.index))
-    else:
-        ident = ("position", position)
-    return (sample.adapter, ident[0], sample.group_index, ident[1])
-
-
 def _same_reward(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
@@ -285,7 +275,7 @@ def _normalize_rewards(samples: Sequence[Sample], raw: list[float], normalizatio
     groups: dict[tuple[Any, Any], dict[tuple[Any, ...], list[int]]] = {}
     for position, sample in enumerate(samples):
         group = groups.setdefault((sample.adapter, sample.group_index), {})
-        group.setdefault(_rollout_key(sample, position), []).append(position)
+        group.setdefault(get_rollout_key(sample, position), []).append(position)
     rewards = [0.0] * len(samples)
     for rollouts in groups.values():
         shared = []

@@ -1,6 +1,8 @@
 """The Faust app factory of the stream stage: plain values in, an app with one agent out.
 
-Contract: ``build_app(...)`` returns a ``StreamApp`` (the ``faust.App`` and its ``TurnProcessor``).
+Contract: ``build_app(...)`` returns a ``StreamApp`` (the ``faust.App`` and its ``TurnProcessor``);
+``run_app`` runs it in a ``faust.Worker``. The only stage module that imports Faust or aiokafka:
+its clients' connection and security come from ``rollout_bus.kafka.clients``.
 The app consumes rollout.turns with one agent and keeps all state in one memory-backed table
 (``state``) whose compacted changelog, ``{app_id}-state-changelog``, is the only durable state.
 State writes go to that changelog through ``streams.state.ChangelogState`` (straight to the
@@ -35,20 +37,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.errors import RecordTooLargeError as AioRecordTooLargeError
 
 from rollout_bus.errors import BrokerError, RecordTooLargeError
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, consumer_config, faust_config, topic_config
-from rollout_bus.topics import Topics
+from rollout_bus.kafka.clients import faust_brokers, faust_credentials, new_aio_consumer
+from rollout_bus.kafka.limits import faust_config, topic_config
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 from streams.processor import TurnProcessor
 from streams.turn_record import TurnRecord, to_record
 from streams.state import ChangelogState
@@ -78,23 +80,6 @@ def exit_on_fatal(exc: BaseException, summary: str) -> None:
     os._exit(EXIT_AGENT_CRASH)
 
 
-def broker_credentials(client_kwargs: dict[str, Any]) -> Any:
-    """kafka-python style SASL/SSL keyword arguments as Faust credentials (None for PLAINTEXT)."""
-    protocol = str(client_kwargs.get("security_protocol", "PLAINTEXT")).upper()
-    if protocol == "PLAINTEXT":
-        return None
-    context = None
-    if "SSL" in protocol:
-        context = ssl.create_default_context(cafile=client_kwargs.get("ssl_cafile"))
-        if client_kwargs.get("ssl_certfile"):
-            context.load_cert_chain(client_kwargs["ssl_certfile"], client_kwargs.get("ssl_keyfile"))
-    if protocol.startswith("SASL"):
-        return faust.SASLCredentials(username=client_kwargs.get("sasl_plain_username"),
-                                     password=client_kwargs.get("sasl_plain_password"),
-                                     mechanism=client_kwargs.get("sasl_mechanism") or "PLAIN", ssl_context=context)
-    return faust.SSLCredentials(context)
-
-
 def _is_too_large(exc: BaseException | None) -> bool:
     """Whether a send failed for the record's size (Faust wraps aiokafka's error in ProducerSendError)."""
     while exc is not None:
@@ -116,17 +101,8 @@ async def _delivered(future: Any) -> Any:
 async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int, start: int, end: int,
                       timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[TurnRecord]:
     """Records ``[start, end)`` of one partition, read with a group-less aiokafka consumer."""
-    credentials = broker_credentials(client_kwargs)
-    security = {}
-    if credentials is not None:
-        security = {"security_protocol": client_kwargs.get("security_protocol"),
-                    "ssl_context": getattr(credentials, "ssl_context", None) or getattr(credentials, "context", None),
-                    "sasl_mechanism": client_kwargs.get("sasl_mechanism") or "PLAIN",
-                    "sasl_plain_username": client_kwargs.get("sasl_plain_username"),
-                    "sasl_plain_password": client_kwargs.get("sasl_plain_password")}
-    consumer = AIOKafkaConsumer(bootstrap_servers=client_kwargs["bootstrap_servers"], enable_auto_commit=False,
-                                group_id=None, auto_offset_reset="earliest", **consumer_config(max_record_bytes),
-                                **{k: v for k, v in security.items() if v is not None})
+    consumer = new_aio_consumer(client_kwargs, max_record_bytes=max_record_bytes, group_id=None,
+                                auto_offset_reset="earliest")
     tp = TopicPartition(topic, partition)
     records: list[TurnRecord] = []
     await consumer.start()
@@ -157,9 +133,8 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
               on_fatal: Callable[[BaseException, str], None] = exit_on_fatal) -> StreamApp:
     """The stream worker's app; ``turns_partitions`` and ``episodes_partitions`` must be the partition
     counts of rollout.turns and rollout.episodes."""
-    servers = [s.strip() for s in str(client_kwargs["bootstrap_servers"]).split(",") if s.strip()]
     app = faust.App(
-        app_id, broker=[f"kafka://{s}" for s in servers], broker_credentials=broker_credentials(client_kwargs),
+        app_id, broker=faust_brokers(client_kwargs), broker_credentials=faust_credentials(client_kwargs),
         store="memory://", datadir=data_dir or None, processing_guarantee="at_least_once",
         topic_partitions=turns_partitions, topic_replication_factor=replication_factor,
         topic_disable_leader=True, table_standby_replicas=0, consumer_auto_offset_reset="earliest",
@@ -253,3 +228,15 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         logger.info("stream counts %s", processor.outcomes.summary())
 
     return StreamApp(app, processor)
+
+
+def run_app(stream_app: StreamApp) -> int:
+    """Run the app in a ``faust.Worker`` (no web server, no Faust CLI, logging as the caller set it)
+    until SIGTERM/SIGINT; the exit status: 0 after a clean stop, non-zero when the worker crashed."""
+    worker = faust.Worker(stream_app.app, redirect_stdouts=False, quiet=True, override_logging=False)
+    worker.spinner = None  # no terminal spinner in logs
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from rollout_bus.codec import decode_samples
 from rollout_bus.dead_letter import source_of
-from rollout_bus.episode_stats import get_rollout_key
+from rollout_bus.metrics import get_rollout_key
 from rollout_bus.errors import CodecError, ContractError
 from rollout_bus.records import TURN_FIELDS, TurnHeaders
 from rollout_bus.sample import Sample

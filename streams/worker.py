@@ -2,8 +2,8 @@
 
 Contract: ``run_worker(...)`` creates the pipeline topics if missing (Faust must not subscribe to
 a topic that does not exist), reads rollout.turns' partition count (the table must match it),
-builds the app (Faust's working directory defaults to a temporary one) and runs a
-``faust.Worker`` (no web server, no Faust CLI) until SIGTERM/SIGINT. It returns the exit status:
+builds the app (Faust's working directory defaults to a temporary one) and runs it
+(``streams.app.run_app``: no web server, no Faust CLI) until SIGTERM/SIGINT. It returns the exit status:
 0 after a clean stop, non-zero when the worker crashed; an agent crash ends the process itself
 (``streams.app.EXIT_AGENT_CRASH``). The outcome counts are logged periodically by the app and
 once more at shutdown.
@@ -14,36 +14,24 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import time
 from typing import Any
 
-import faust
-
-from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.clients import group_less_consumer, wait_for_partitions
 from rollout_bus.kafka.client_logs import quiet_client_logs
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES
-from rollout_bus.topics import Topics
-from streams.app import build_app
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from streams.app import build_app, run_app
 
 logger = logging.getLogger(__name__)
 
 
-def topic_partitions(client_kwargs: dict[str, Any], topic: str, timeout_s: float = 30.0) -> int:
-    """The partition count of an existing topic (metadata can lag a fresh create: retry briefly)."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(**client_kwargs)
+def topic_partitions(client_kwargs: dict[str, Any], topic: str) -> int:
+    """The partition count of an existing topic (metadata can lag a fresh create: waits briefly)."""
+    consumer = group_less_consumer(client_kwargs, client_id="rollout-bus-stream-setup")
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            partitions = consumer.partitions_for_topic(topic)
-            if partitions:
-                return len(partitions)
-            time.sleep(0.2)
+        return len(wait_for_partitions(consumer, topic))
     finally:
         consumer.close()
-    raise BrokerError(f"topic {topic!r} has no partitions after {timeout_s:.0f}s")
 
 
 def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, window_seconds: float = 60.0,
@@ -65,14 +53,9 @@ def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, wi
                            max_record_bytes=max_record_bytes)
     logger.info("stream worker starting app_id=%s topic=%s partitions=%d window_s=%s grace_s=%s", app_id,
                 topics.turns, partitions, window_seconds, grace_seconds)
-    # Logging stays as the caller configured it; no terminal spinner in logs.
-    worker = faust.Worker(stream_app.app, redirect_stdouts=False, quiet=True, override_logging=False)
-    worker.spinner = None
-    status = 0
+    status = 1
     try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        status = run_app(stream_app)
     finally:
         logger.info("stream worker stopped status=%s counts %s", status, stream_app.processor.outcomes.summary())
     return status

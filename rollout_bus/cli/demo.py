@@ -11,7 +11,7 @@ from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.local_broker import BrokerLease
-from rollout_bus.pipeline.runner import DemoOptions, run_demo
+from rollout_bus.tools.demo import DemoOptions, run_demo
 
 console = Console(stderr=True)
 

@@ -1,7 +1,7 @@
 """``rollout-bus exporter``: a Prometheus endpoint for a run; thin: parse, build the feed, serve.
 
 Also ``python -m rollout_bus.cli.exporter``. It reads rollout.metrics and rollout.dlq from the
-beginning (so its counters survive a restart: ``rollout_bus.ops.exporter``), then serves
+beginning (so its counters survive a restart: ``rollout_bus.observe.exporter``), then serves
 ``/metrics`` on ``--bind``:``--port`` and refreshes every ``--interval`` seconds until interrupted.
 """
 
@@ -14,8 +14,8 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.cli.tail import stage_groups
-from rollout_bus.ops.exporter import Exporter
-from rollout_bus.ops.topic_reader import MetricsFeed
+from rollout_bus.observe.exporter import Exporter
+from rollout_bus.observe.feed import MetricsFeed
 
 console = Console(stderr=True)
 

@@ -23,9 +23,9 @@ from rich.table import Table
 
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
-from rollout_bus.ops.offsets import RangeStart, parse_range_start, with_prefix
-from rollout_bus.ops.replay import ReplayReport
-from rollout_bus.ops.replay import replay as run_replay
+from rollout_bus.positions import RangeStart, parse_range_start, with_prefix
+from rollout_bus.tools.replay import ReplayReport
+from rollout_bus.tools.replay import replay as run_replay
 
 err = Console(stderr=True, emoji=False)
 out_console = Console(emoji=False)

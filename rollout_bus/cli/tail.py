@@ -21,7 +21,7 @@ from rich.table import Table
 
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings, ShardSettings, StreamSettings
-from rollout_bus.ops.topic_reader import MetricsFeed
+from rollout_bus.observe.feed import MetricsFeed
 
 # (metric, column header): headers short enough for an 80-column terminal
 WINDOW_COLUMNS = [("episode_response_length/mean", "len mean"), ("episode_response_length/median", "median"),

@@ -26,13 +26,13 @@ import logging
 import time
 from typing import Any
 
-from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES, topic_config
-from rollout_bus.topics import Topics
+from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
+from rollout_bus.kafka.limits import topic_config
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
     wanted = {spec.name: spec.partitions for spec in topics.specs()}
     wanted.update(extra or {})
     configs = topic_config(max_record_bytes)
-    admin = _admin(client_kwargs)
+    admin = new_admin(client_kwargs)
     try:
         existing = set(admin.list_topics())
         missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
@@ -73,13 +73,6 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         admin.close()
 
 
-def _admin(client_kwargs: dict[str, Any], **more: Any) -> KafkaAdminClient:
-    try:
-        return KafkaAdminClient(client_id="rollout-bus-admin", **client_kwargs, **more)
-    except KafkaError as exc:
-        raise BrokerError(f"cannot reach the cluster at {client_kwargs.get('bootstrap_servers')!r}: {exc}") from exc
-
-
 def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_every_s: float = 10.0,
                      probe_timeout_s: float = 5.0) -> None:
     """Return once the cluster answers a metadata request; WARNING every ``log_every_s`` while it
@@ -89,7 +82,7 @@ def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_eve
     probe_ms = int(probe_timeout_s * 1000)
     while True:
         try:
-            admin = _admin(client_kwargs, bootstrap_timeout_ms=probe_ms, request_timeout_ms=probe_ms)
+            admin = new_admin(client_kwargs, bootstrap_timeout_ms=probe_ms, request_timeout_ms=probe_ms)
             try:
                 admin.list_topics()
                 return
@@ -150,7 +143,7 @@ def _record_limits(admin: KafkaAdminClient, names: list[str]) -> dict[str, int |
 
 def existing_topics(client_kwargs: dict[str, Any], names: list[str]) -> set[str]:
     """Which of ``names`` exist on the cluster; ``BrokerError`` when the cluster does not answer."""
-    admin = _admin(client_kwargs)
+    admin = new_admin(client_kwargs)
     try:
         return set(admin.list_topics()) & set(names)
     except KafkaError as exc:

@@ -98,8 +98,7 @@ def port_is_free(port: int) -> bool:
 
 def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a broker at ``bootstrap`` answers a metadata request."""
-    from kafka import KafkaAdminClient  # a heavy import, only needed here
-    from kafka.errors import KafkaError
+    from rollout_bus.kafka.clients import KafkaError, new_admin  # a heavy import, only needed here
 
     host, _, port = bootstrap.split(",")[0].rpartition(":")
     try:  # nothing listening: answer at once instead of waiting out the client's bootstrap retries
@@ -110,14 +109,14 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                                 bootstrap_timeout_ms=int(timeout_s * 1000), client_id="rollout-bus-probe")
+        admin = new_admin({"bootstrap_servers": bootstrap}, client_id="rollout-bus-probe",
+                          request_timeout_ms=int(timeout_s * 1000), bootstrap_timeout_ms=int(timeout_s * 1000))
         try:
             admin.describe_cluster()
             return True
         finally:
             admin.close()
-    except (KafkaError, OSError, ValueError):
+    except (KafkaError, BrokerError, OSError, ValueError):
         return False
     finally:
         quiet.setLevel(level)

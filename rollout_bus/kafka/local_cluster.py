@@ -214,19 +214,18 @@ class LocalCluster:
         Until a killed node is fenced, the metadata still names it and a request may go to it and be
         refused: such requests are retried on another client until ``timeout_s``.
         """
-        from kafka import KafkaAdminClient
-        from kafka.errors import KafkaError
+        from rollout_bus.kafka.clients import KafkaError, new_admin  # a heavy import, only needed here
 
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.live_bootstrap(), client_id="rollout-bus-cluster",
-                                         request_timeout_ms=5_000)
+                admin = new_admin({"bootstrap_servers": self.live_bootstrap()}, client_id="rollout-bus-cluster",
+                                  request_timeout_ms=5_000)
                 try:
                     return admin.describe_topics(topics)
                 finally:
                     admin.close()
-            except (KafkaError, OSError) as exc:
+            except (KafkaError, BrokerError, OSError) as exc:
                 if time.monotonic() > deadline:
                     raise BrokerError(f"the local cluster did not describe {topics or 'its topics'} in "
                                       f"{timeout_s:.0f}s: {exc}") from exc

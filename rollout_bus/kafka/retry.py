@@ -6,7 +6,8 @@ Contract:
   ``KafkaTimeoutError`` (also what 3.x raises when it cannot bootstrap), ``NoBrokersAvailable``
   (older kafka-python), ``KafkaConnectionError``, any ``KafkaError`` whose ``retriable`` is True
   (coordinator moves, leader elections, request timeouts), Python's ``ConnectionError`` and
-  ``TimeoutError``, and ``Unavailable`` (a condition a caller waits for, e.g. a topic with no
+  ``TimeoutError``, a ``BrokerError`` raised from one of these (``kafka.clients`` names the cluster
+  it could not reach), and ``Unavailable`` (a condition a caller waits for, e.g. a topic with no
   partitions yet). False for everything else, in particular:
 
   - ``CommitFailedError``: kafka-python marks it non-retriable. A writer that assigns its
@@ -36,7 +37,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from rollout_bus.errors import Stopped, Unavailable
+from rollout_bus.errors import BrokerError, Stopped, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (_TRANSIENT + (Unavailable,))):
         return True
+    if isinstance(exc, BrokerError) and exc.__cause__ is not None:  # a client error the builders named
+        return is_transient(exc.__cause__)
     return isinstance(exc, kafka_errors.KafkaError) and bool(getattr(exc, "retriable", False))
 
 

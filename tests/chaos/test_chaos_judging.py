@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.pipeline.accounting import Reconciliation
+from rollout_bus.tools.accounting import Reconciliation
 from streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from tests.chaos.faults import CHAOS_ID, malformed_records
 from tests.chaos.evidence import log_excerpt

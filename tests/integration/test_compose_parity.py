@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.shards import read_manifest, verify_batch
-from tests.unit.test_compose import BASE, command_path, environment, load
+from tests.unit.compose.test_compose import BASE, command_path, environment, load
 
 pytestmark = pytest.mark.kafka
 

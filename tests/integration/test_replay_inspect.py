@@ -19,9 +19,11 @@ from typer.testing import CliRunner
 from rollout_bus.cli.inspect import inspect as inspect_command
 from rollout_bus.cli.replay import replay as replay_command
 from rollout_bus.errors import CodecError, ConfigError
-from rollout_bus.ops.inspect_record import inspect_position, render
-from rollout_bus.ops.offsets import Position, RangeStart, open_reader, partitions_of
-from rollout_bus.ops.replay import manifests_in_dir, replay, settle_settings
+from rollout_bus.tools.inspect import inspect_position, render
+from rollout_bus.kafka.clients import wait_for_partitions
+from rollout_bus.kafka.reader import open_reader
+from rollout_bus.positions import Position, RangeStart
+from rollout_bus.tools.replay import manifests_in_dir, replay, settle_settings
 from tests.integration.pipeline_harness import run_pipeline
 
 
@@ -37,7 +39,7 @@ def dead_letters(kafka_bootstrap, pipeline) -> list[dict]:
     """Every record on the run's DLQ, described."""
     consumer = open_reader({"bootstrap_servers": kafka_bootstrap})
     try:
-        parts = partitions_of(consumer, pipeline.topics.dlq)
+        parts = wait_for_partitions(consumer, pipeline.topics.dlq)
         from kafka import TopicPartition
         ends = consumer.end_offsets([TopicPartition(pipeline.topics.dlq, p) for p in parts])
     finally:

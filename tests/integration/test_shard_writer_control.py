@@ -21,8 +21,8 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from consumers.shard_writer import ShardWriter, WriterOptions
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.ops.offsets import RangeStart
-from rollout_bus.ops.replay import replay
+from rollout_bus.positions import RangeStart
+from rollout_bus.tools.replay import replay
 from rollout_bus.records import Abandoned
 from rollout_bus.topics import Topics, rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_episode, manifests, publish,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kafka import KafkaProducer
 
-from rollout_bus.pipeline.watch import TopicWatcher
+from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.records import END_OF_RUN_KEY, Abandoned, EndOfRun
 
 pytestmark = pytest.mark.kafka

@@ -3,7 +3,7 @@
 Contract:
 
 * ``replay(client_kwargs, starts, out_dir=..., ...)`` reads the ranges with its own consumer
-  (``offsets.open_reader``: no group, no commits, nothing published) up to the end offsets at
+  (``kafka.reader.open_reader``: no group, no commits, nothing published) up to the end offsets at
   start (``to``: exclusive, for every range), and rebuilds batches into ``out_dir`` with the shard
   writer's own code: ``consumers.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
   (consumers.out_dir) are the writer's own convert, DP split and write steps.
@@ -39,7 +39,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -52,9 +51,11 @@ from consumers.episodes import EndOfRunMarker, Episode, Member, parse_record
 from consumers.out_dir import convert_batch, write_batch
 from rollout_bus.config import ShardSettings
 from rollout_bus.dead_letter import source_of
-from rollout_bus.errors import ConfigError, ContractError, must_be
-from rollout_bus.ops.offsets import (RangeStart, open_reader, partitions_of, read_ranges, resolve_ranges,
-                                     topic_kind, topic_prefix)
+from rollout_bus.errors import ConfigError, ContractError, MissingTopicError, must_be
+from rollout_bus.kafka.clients import wait_for_partitions
+from rollout_bus.kafka.reader import open_reader, read_ranges, resolve_ranges
+from rollout_bus.positions import RangeStart, topic_kind, topic_prefix
+from rollout_bus.records import parse_announcement
 from rollout_bus.topics import Topics
 from rollout_bus.train_data import NORMALIZATIONS, read_manifest
 from streams.episode_state import EpisodeIndex
@@ -147,15 +148,8 @@ def manifests_in_dir(directory: str | Path) -> dict[int, dict[str, Any]]:
 
 def manifests_from_announcements(values: Iterable[bytes | None]) -> dict[int, dict[str, Any]]:
     """The manifests announced on rollout.shards by seq (the last announcement of a seq wins)."""
-    found = {}
-    for value in values:
-        try:
-            doc = json.loads(value) if value else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            continue  # not an announcement
-        if isinstance(doc, dict) and isinstance(doc.get("seq"), int) and isinstance(doc.get("shards"), list):
-            found[doc["seq"]] = {k: v for k, v in doc.items() if k not in ("dir", "manifest_path", "manifest_sha256")}
-    return found
+    found = (parse_announcement(value) for value in values)
+    return {a.seq: a.manifest for a in found if a is not None}
 
 
 def _inferred_groups_per_batch(manifests: Mapping[int, dict[str, Any]], batching: str) -> tuple[int, int] | None:
@@ -393,8 +387,8 @@ def _source_topic(starts: Sequence[RangeStart]) -> tuple[str, str]:
 
 def _announced(consumer: Any, topic: str) -> dict[int, dict[str, Any]]:
     try:
-        partitions_of(consumer, topic, timeout_s=1.0)
-    except ConfigError:
+        wait_for_partitions(consumer, topic, timeout_s=1.0)
+    except MissingTopicError:
         return {}
     ranges = resolve_ranges(consumer, [RangeStart(topic)])
     return manifests_from_announcements(r.value for r in read_ranges(consumer, ranges))

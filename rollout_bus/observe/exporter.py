@@ -26,12 +26,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from kafka.errors import KafkaError
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rollout_bus.ops.metrics_view import metric_series
-from rollout_bus.ops.topic_reader import MetricsFeed
+from rollout_bus.kafka.clients import KafkaError
+from rollout_bus.observe.metrics_view import metric_series
+from rollout_bus.observe.feed import MetricsFeed
 from rollout_bus.records import METRIC_PREFIX
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Batch boundaries come from the log alone: full step batches, then the last, part
 generator's end-of-run records have come through the stream stage; the shard writer runs with
 ``--exit-on-end-of-run`` and exits 0 when that batch is written and committed, so the demo knows
 nothing more will come. The run succeeds (exit 0) only when every valid episode the generator
-finished is in exactly one written batch (``pipeline.accounting``: only the deliberate faults of
+finished is in exactly one written batch (``tools.accounting``: only the deliberate faults of
 ``--inject-faults``, and the batch-mates their failed mask check takes along, may end in the DLQ);
 everything it started is stopped either way.
 """
@@ -24,11 +24,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.limits import DEFAULT_MAX_RECORD_BYTES
-from rollout_bus.pipeline.accounting import Reconciliation, reconcile, written_batches
-from rollout_bus.pipeline.processes import StageProcess
-from rollout_bus.pipeline.watch import TopicWatcher
-from rollout_bus.topics import Topics
+from rollout_bus.kafka.reader import TopicWatcher
+from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
+from rollout_bus.tools.processes import StageProcess
+from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
 @dataclass

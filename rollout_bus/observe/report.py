@@ -24,7 +24,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -36,6 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.records import rollout_key_adapter
 from rollout_bus.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -175,15 +175,6 @@ def fold_windows(docs: Iterable[Mapping[str, Any]]) -> list[WindowPoint]:
     return [_fold_partials((k[0], k[1]), k[2], grouped[k]) for k in order]
 
 
-def episode_adapter(key: str | bytes | None) -> str | None:
-    """The adapter named by a rollout key string (``["math",0,"rollout",3,17]``); None if it names none."""
-    try:
-        parsed = json.loads(key) if key else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return parsed[0] if isinstance(parsed, list) and parsed and isinstance(parsed[0], str) else None
-
-
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -195,7 +186,7 @@ def batch_row(manifest: Mapping[str, Any], origin: str) -> BatchRow:
     samples = int(manifest.get("num_samples", 0))
     by_adapter: dict[str | None, int] = defaultdict(int)
     for episode in episodes or []:
-        by_adapter[episode_adapter(episode.get("key"))] += int(episode.get("segments", 1))
+        by_adapter[rollout_key_adapter(episode.get("key"))] += int(episode.get("segments", 1))
     if sum(by_adapter.values()) != samples:  # no (or an inconsistent) episode list: one unattributed part
         by_adapter = {None: samples}
     groups = extra.get("groups")
@@ -266,7 +257,7 @@ def build_report(run: RawRun, topics: Topics, *, title: str | None = None, adapt
     if chosen:
         windows = [w for w in windows if w.adapter in chosen]
         batches = [row for row in (_keep_batch(b, chosen) for b in batches) if row is not None]
-        letters = [d for d in letters if episode_adapter(d.key) in chosen or episode_adapter(d.key) is None]
+        letters = [d for d in letters if rollout_key_adapter(d.key) in chosen or rollout_key_adapter(d.key) is None]
     run_name = topics.prefix.rstrip(".") or "(no topic prefix)"
     return Report(title or f"rollout-bus run {run_name}", topics, windows, batches, fold_dead_letters(letters),
                   dict(run.counts), run.first_ms, run.last_ms, _adapters_of(windows, batches), tuple(sorted(chosen)),
@@ -316,7 +307,7 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int]
 
 
 def _colors(report: Report) -> dict[str | None, str]:
-    from rollout_bus.ops.svg_chart import color_for
+    from rollout_bus.observe.charts import color_for
 
     order = list(report.color_order) + [a for a in report.adapters if a not in report.color_order]
     return {a: color_for(i) for i, a in enumerate(order)}
@@ -328,7 +319,7 @@ def _name(adapter: str | None) -> str:
 
 def _window_charts(report: Report) -> str:
     """Means of every adapter on one chart; each adapter's min-max band on its own (shared scale)."""
-    from rollout_bus.ops.svg_chart import Series, line_chart, time_ticks
+    from rollout_bus.observe.charts import Series, line_chart, time_ticks
 
     if not report.windows:
         return f'<p class="note">No window records on <code>{escape(report.topics.metrics)}</code>.</p>'
@@ -376,7 +367,7 @@ def _window_table(report: Report) -> str:
 
 
 def _batch_section(report: Report) -> str:
-    from rollout_bus.ops.svg_chart import Bar, bar_chart
+    from rollout_bus.observe.charts import Bar, bar_chart
 
     if not report.batches:
         return f'<p class="note">No batch on <code>{escape(report.topics.shards)}</code>' + (

@@ -31,7 +31,7 @@ from typing import Any
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
-from rollout_bus.records import METRIC_PREFIX, prefixed
+from rollout_bus.records import METRIC_PREFIX, prefixed, rollout_key_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +48,6 @@ def metric_series(name: str, adapter: str | None = None) -> tuple[str, str | Non
         scoped, path = path[len(_ADAPTER_SCOPE):].split("/", 1)
         adapter = scoped
     return "rollout_" + _INVALID.sub("_", path.replace("/", "_")), adapter
-
-
-def key_adapter(key: bytes | None) -> str | None:
-    """The adapter named by a rollout key string (``records``' keys), or None when it names none."""
-    try:
-        parsed = json.loads(key) if key else None
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return parsed[0] if isinstance(parsed, list) and parsed and isinstance(parsed[0], str) else None
 
 
 @dataclass
@@ -133,7 +124,7 @@ class MetricsView:
                               "metrics": metrics}
 
     def add_dead_letter(self, letter: DeadLetter) -> None:
-        if self.adapter is not None and key_adapter(letter.key) != self.adapter:
+        if self.adapter is not None and rollout_key_adapter(letter.key) != self.adapter:
             return
         self._dlq[(letter.stage, letter.kind)] += 1
 

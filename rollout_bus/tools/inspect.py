@@ -38,7 +38,8 @@ from rich.table import Table
 from rollout_bus.codec import decode_samples
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError, ContractError
-from rollout_bus.ops.offsets import Position, fetch_record, parse_position, topic_kind
+from rollout_bus.kafka.reader import fetch_record
+from rollout_bus.positions import Position, parse_position, topic_kind
 from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind, decode_episode
 from rollout_bus.sample import Sample
 

@@ -13,8 +13,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+from collections.abc import Mapping
+
+from rollout_bus.kafka.clients import KafkaConsumer, KafkaError, TopicPartition, new_admin
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ def lag_rows(group: str, topic: str, ends: dict[int, int], begins: dict[int, int
 class LagProbe:
     """Measures lag with an admin client (committed offsets) and a group-less consumer (end offsets)."""
 
-    def __init__(self, client_kwargs: dict[str, Any], consumer: KafkaConsumer) -> None:
-        self.admin = KafkaAdminClient(client_id="rollout-bus-ops-lag", **client_kwargs)
+    def __init__(self, conn: Mapping[str, Any], consumer: KafkaConsumer) -> None:
+        self.admin = new_admin(conn, client_id="rollout-bus-ops-lag")
         self.consumer = consumer
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
