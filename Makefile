@@ -40,7 +40,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/lint-imports
+	$(BIN)/python -m tests.import_contracts
 
 bench: $(STAMP)
 	for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

@@ -23,7 +23,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the compose files (test extras)")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "compose"
 BASE = COMPOSE / "docker-compose.yml"
 CLUSTER = COMPOSE / "docker-compose.cluster.yml"

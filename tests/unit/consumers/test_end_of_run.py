@@ -9,7 +9,7 @@ from consumers.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_
 from rollout_bus.errors import ContractError
 from rollout_bus.records import END_OF_RUN_KEY, Abandoned, EndOfRun, EpisodeInfo, encode_episode
 from rollout_bus.topics import rollout_key_string
-from tests.unit.test_batcher import segment
+from tests.unit.consumers.test_batcher import segment
 
 
 def marker(run: str, turns_partition: int, turns_partitions: int, partition: int, offset: int = 0):

@@ -11,7 +11,7 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_bus import codec
+from rollout_bus import codec, samples_json
 from rollout_bus.codec import (
     COMPUTED_FIELDS,
     SAMPLING_MASK_FIELDS,
@@ -460,17 +460,17 @@ def test_the_fast_document_parser_agrees_with_json_loads_or_declines(texts, spel
     document = {"metadata": {"response": texts[0]},
                 "samples": [{"response": texts[1], "prompt": [{"response": texts[2]}]}, {"response": texts[2]}]}
     raw = json.dumps(document, ensure_ascii=not spelled_plainly, separators=(",", ":")).encode()
-    parsed = codec._load_lifted(raw)
+    parsed = samples_json.load_document(raw)
     assert parsed is None or parsed == json.loads(raw)
     if spelled_plainly and all('"' not in t and "\\" not in t and t.isprintable() for t in texts):
         assert parsed is None  # a long response outside the samples makes it decline...
         del document["metadata"]["response"], document["samples"][0]["prompt"]
         raw = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
-        assert codec._load_lifted(raw) == document  # ...and without one it takes the fast path
+        assert samples_json.load_document(raw) == document  # ...and without one it takes the fast path
 
 
 def test_a_plain_long_response_is_parsed_by_the_fast_path():
     payload = encode_samples([make_sample(response=LONG, prompt=[{"role": "user", "content": LONG}])], ALL)
     raw = _meta_bytes(payload)
-    assert codec._load_lifted(raw) == json.loads(raw)
+    assert samples_json.load_document(raw) == json.loads(raw)
     assert decode_samples(payload, ALL)[0][0].response == LONG

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rollout_bus.errors import ContractError
 from rollout_bus.metrics import EpisodeStats, compute_metrics_from_samples
 from rollout_bus.sample import AdapterRef, Sample
-from tests.unit.test_metrics import episodes_strategy, worked_example
+from tests.unit.contracts.test_metrics import episodes_strategy, worked_example
 
 EPISODE_KEYS = ("episode_response_length/", "episode_total_response_length/", "adapter/", "episode_raw_reward")
 

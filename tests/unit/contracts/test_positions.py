@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_bus.errors import ConfigError
-from rollout_bus.ops.offsets import (PartitionRange, Position, RangeStart, parse_position, parse_range_start,
+from rollout_bus.positions import (PartitionRange, Position, RangeStart, parse_position, parse_range_start,
                                      topic_kind, topic_prefix, with_prefix)
 
 topic_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-", min_size=1,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.records import (Abandoned, EndOfRun, TurnHeaders, control_kind, parse_rollout_key)
+from rollout_bus.records import (Abandoned, EndOfRun, ShardAnnouncement, TurnHeaders, announcement_value, control_kind,
+                                 parse_announcement, parse_rollout_key, rollout_key_adapter)
 from rollout_bus.sample import AdapterRef
 from rollout_bus.topics import rollout_key_string
 
@@ -58,3 +61,24 @@ def test_control_records_round_trip():
 def test_a_malformed_control_record_is_refused_naming_what_is_wrong(cls, value):
     with pytest.raises(ContractError):
         cls.from_value(value)
+
+
+def test_a_rollout_key_string_names_its_adapter_and_anything_else_names_none():
+    assert rollout_key_adapter('["math",0,"rollout",3,17]') == "math"
+    assert rollout_key_adapter(b'["math",1,"rollout",0,3]') == "math"
+    assert rollout_key_adapter(b'[null,null,"rollout",3,17]') is None
+    assert rollout_key_adapter(b"\xff not json") is None and rollout_key_adapter(None) is None
+    assert rollout_key_adapter(b'["math",1,"position",0,3]') is None  # not a rollout key on the wire
+
+
+def test_a_shard_announcement_round_trips_and_other_records_are_not_announcements():
+    manifest = {"seq": 4, "shards": [{"path": "dp-0.safetensors"}], "metrics": {"x": 1.5}}
+    value = announcement_value(ShardAnnouncement(manifest, "/out/batch-000004", "/out/batch-000004/manifest.json",
+                                                 "ab" * 32))
+    assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":")).encode()
+    parsed = parse_announcement(value)
+    assert parsed == ShardAnnouncement(manifest, "/out/batch-000004", "/out/batch-000004/manifest.json", "ab" * 32)
+    assert parsed.seq == 4
+    for other in (None, b"", b"\xff", b"[1]", b'{"seq": 4}', b'{"rollout/x": 1}',
+                  json.dumps({**manifest, "dir": 3, "manifest_path": "p", "manifest_sha256": "s"}).encode()):
+        assert parse_announcement(other) is None

@@ -9,9 +9,9 @@ import pytest
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
 from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.ops.exporter import snapshot_families
-from rollout_bus.ops.lag import lag_rows
-from rollout_bus.ops.metrics_view import MetricsView, key_adapter, metric_series
+from rollout_bus.observe.exporter import snapshot_families
+from rollout_bus.kafka.lag import lag_rows
+from rollout_bus.observe.metrics_view import MetricsView, metric_series
 from rollout_bus.records import batch_metrics_record, prefixed, window_metrics_record
 from rollout_bus.sample import AdapterRef, Sample, Status
 
@@ -138,11 +138,6 @@ def test_unreadable_metrics_records_are_skipped_and_counted(value):
 ])
 def test_metric_names_become_prometheus_names_with_the_adapter_as_a_label(name, adapter, expected):
     assert metric_series(name, adapter) == expected
-
-
-def test_rollout_keys_name_their_adapter():
-    assert key_adapter(b'["math",1,"rollout",0,3]') == "math"
-    assert key_adapter(b'[null,null,"rollout",0,3]') is None and key_adapter(b"\xff") is None
 
 
 def test_exported_gauges_prefer_the_adapter_scoped_key_and_carry_the_kind():

@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
-from rollout_bus.ops.report import (RawRun, build_report, episode_adapter, fold_batches, fold_dead_letters,
+from rollout_bus.observe.report import (RawRun, build_report, fold_batches, fold_dead_letters,
                                     fold_windows, render_html)
-from rollout_bus.ops.svg_chart import Bar, Series, bar_chart, line_chart, nice_ticks, time_ticks
+from rollout_bus.observe.charts import Bar, Series, bar_chart, line_chart, nice_ticks, time_ticks
 from rollout_bus.records import batch_metrics_record, window_metrics_record
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.topics import Topics
@@ -134,12 +134,6 @@ def test_an_adapter_keeps_its_colour_when_others_are_filtered_out():
     only_math = render_html(build_report(run, Topics(prefix="r."), adapters=["math"]))
     assert math_line(only_math) == re.findall(r'class="line" d="[^"]*" fill="none" stroke="(#[0-9A-F]+)"',
                                               everything)[1]
-
-
-def test_a_rollout_key_string_names_its_adapter():
-    assert episode_adapter('["math",0,"rollout",3,17]') == "math"
-    assert episode_adapter(b"[null,null,\"rollout\",3,17]") is None
-    assert episode_adapter(b"\xff not json") is None
 
 
 # ---------------------------------------------------------------------------- charts

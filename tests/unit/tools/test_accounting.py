@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.pipeline.accounting import reconcile
+from rollout_bus.tools.accounting import reconcile
 
 GAP = '[null,null,"rollout",0,0]'
 MATE = '[null,null,"rollout",0,1]'

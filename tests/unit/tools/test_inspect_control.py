@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from rollout_bus.errors import CodecError
-from rollout_bus.ops.inspect_record import describe_record, render
+from rollout_bus.tools.inspect import describe_record, render
 from rollout_bus.records import END_OF_RUN_KEY, Abandoned, EndOfRun
 
 
