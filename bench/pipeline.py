@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import sys
 import threading
 import time
@@ -32,9 +31,9 @@ from rollout_bus.codec import encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.local_broker import BrokerLease
 from rollout_bus.metrics import get_rollout_key
-from rollout_bus.pipeline.accounting import written_batches
-from rollout_bus.pipeline.runner import DemoOptions, DemoRun
 from rollout_bus.records import TURN_FIELDS, TurnHeaders
+from rollout_bus.tools.accounting import written_batches
+from rollout_bus.tools.demo import DemoOptions, DemoRun
 from rollout_bus.topics import rollout_key_string
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
