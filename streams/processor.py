@@ -39,10 +39,9 @@ Contract:
   partition it came from.
 * Finished markers are pruned once the partition's recorded position is ``finished_retention``
   records past their final turn (``streams.finished_markers`` says why that loses nothing).
-* Rebalances: ``pause()`` waits for the record in hand, drains the in-flight finals and closes a
-  gate that ``handle`` and the timers' work wait on until ``resume()``. Faust replays the whole
-  changelog into the in-memory table while it recovers; a record processed meanwhile would have
-  its newer state overwritten by older changelog values (an episode then seemed to skip a turn).
+* Rebalances: ``pause()`` waits for the record in hand, drains the in-flight finals and closes the
+  ``StateGate`` that ``handle`` and the timers' work wait on until ``resume()`` (``streams.state_gate``
+  says why: a record processed during the table's recovery could lose its state).
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from rollout_bus.codec import decode_samples
@@ -69,6 +67,7 @@ from streams.episode_state import (Action, Decision, EpisodeIndex, decide, finis
                                    share_final_reward, turn_key)
 from streams.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
 from streams.state import ChangelogState
+from streams.state_gate import StateGate
 from streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from streams.window_metrics import WindowMetrics
 
@@ -136,9 +135,7 @@ class TurnProcessor:
         self.turns_partitions, self.episodes_partitions = turns_partitions, episodes_partitions
         self.markers = FinishedMarkers(finished_retention)
         self.fetch = fetch or _no_fetch
-        self.lock = asyncio.Lock()  # the agent and the idle check take turns on the state
-        self._open = asyncio.Event()  # closed from pause() to resume(): a rebalance and its recovery
-        self._open.set()
+        self.gate = StateGate()  # the agent and the timers take turns on the state; a rebalance shuts them out
         self._started = time.monotonic()
         self._last_seen: dict[int, float] = {}
         self.outcomes = Outcomes()
@@ -158,32 +155,17 @@ class TurnProcessor:
     async def pause(self) -> None:
         """A rebalance began: finish the record in hand, apply the in-flight finals, then hold every
         record and timer until ``resume()`` (the table is being recovered under them)."""
-        async with self.lock:
-            self._open.clear()
+        async with self.gate.closing():
             await self.drain()
             self.forget_partitions()
 
     def resume(self) -> None:
         """The rebalance and the table's recovery are complete: records flow again."""
-        self._open.set()
-
-    @asynccontextmanager
-    async def _turn_on_state(self) -> AsyncIterator[None]:
-        """Hold the state lock, taken once no rebalance keeps the gate closed."""
-        while True:
-            await self._open.wait()
-            await self.lock.acquire()
-            if self._open.is_set():
-                break
-            self.lock.release()
-        try:
-            yield
-        finally:
-            self.lock.release()
+        self.gate.open()
 
     async def handle(self, record: TurnRecord) -> None:
         """Process one record (and any its partition skipped) to exactly one counted outcome each."""
-        async with self._turn_on_state():
+        async with self.gate.hold():
             self._last_seen[record.partition] = time.monotonic()
             await self._handle(record)
 
@@ -210,7 +192,7 @@ class TurnProcessor:
 
     async def drain_idle(self) -> None:
         """The app's timer: apply acknowledged finals even when no further record arrives."""
-        async with self._turn_on_state():
+        async with self.gate.hold():
             await self.drain()
 
     def _position(self, partition: int) -> int | None:
@@ -226,7 +208,7 @@ class TurnProcessor:
         Faust may acknowledge the last records of a partition without delivering them; with no
         later record to reveal the jump, only a comparison with the partition's end finds them.
         """
-        async with self._turn_on_state():
+        async with self.gate.hold():
             await self.drain()
             now = time.monotonic()
             for partition, end in sorted(ends.items()):
