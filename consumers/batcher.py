@@ -203,6 +203,7 @@ class Batcher:
 
     @property
     def next_seq(self) -> int:
+        """One past the highest seq formed or marked written (step seqs are range indices, so gaps count)."""
         return self._next_seq
 
     @property
@@ -371,6 +372,7 @@ class Batcher:
         return seq
 
     def _form(self, seq: int, group_keys: Sequence[GroupKey], *, partial: bool) -> Batch:
+        self._next_seq = max(self._next_seq, seq + 1)  # step seqs come from the range: the next is past it
         members: list[Member] = []
         summaries = []
         for key in group_keys:

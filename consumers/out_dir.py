@@ -149,6 +149,8 @@ def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[s
         "episodes": [{"key": e.key, "attempt": e.attempt, "partition": e.partition, "offset": e.offset,
                       "segments": len(e.segments)} for e in batch.episodes],
         "abandoned": [a.as_json() for a in batch.abandoned],
+        # the policy versions the batch's samples were generated with (a trainer's staleness check)
+        "weight_versions": sorted({v for e in batch.episodes for s in e.segments for v in s.weight_versions}),
     }
 
 

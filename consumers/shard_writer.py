@@ -31,6 +31,10 @@ Contract (PIPELINE.md, consumers/):
   rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
   key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
   first offset of a record not yet in a written, dead-lettered or skipped batch (or flush).
+* A seq that will never be written (an empty or a dead-lettered batch) is said so on
+  rollout.shards (``records.BatchSkipped``, key the seq), and once a run's last batch is written a
+  ``records.BatchesEnded`` (every seq below its ``next_seq`` announced or skipped) follows, so a
+  trainer following the batches in order never waits for one that cannot come.
 * Every send is confirmed before offsets are committed past it (``consumers.delivery``): a send
   that failed is sent again, so a manifest may appear twice on rollout.shards (readers dedupe by
   the batch seq key), a batch-metrics record or a dead letter twice on theirs; nothing is lost.
@@ -70,13 +74,13 @@ from consumers.delivery import Outbox, Outgoing
 from consumers.end_of_run import EndOfRunTracker
 from consumers.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from consumers.out_dir import announced_ids, announcement, convert_batch, scan_out_dir, write_batch, written_keys
-from rollout_bus.dead_letter import DeadLetter, source_of
+from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
                                        new_producer, wait_for_partitions)
 from rollout_bus.kafka.limits import producer_config
 from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
-from rollout_bus.records import batch_metrics_record, control_kind
+from rollout_bus.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record, control_kind
 from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 from rollout_bus.train_data import MANIFEST_NAME, batch_path
 
@@ -350,6 +354,10 @@ class ShardWriter:
         self._write_all(batches)
         if self._batcher.unfinished_batches or self._batcher.pending_episodes:
             return  # max_batches reached: the markers stay held, so the next process flushes the rest
+        ended = BatchesEnded(run, self._batcher.next_seq)
+        self._outbox.send(Outgoing(self.topics.shards, END_OF_RUN_KEY, ended.value(), ended.headers(),
+                                   f"end of run {run} on rollout.shards"))
+        self._outbox.confirm()
         for marker in self._tracker.finished(run):
             self._batcher.release(marker.partition, marker.offset)
         self.stats.runs_ended += 1
@@ -395,6 +403,8 @@ class ShardWriter:
         if batch.empty:
             logger.info("batch=%d not written: every group of it was abandoned (abandoned=%d, groups=%d)",
                         batch.seq, len(batch.abandoned), len(batch.groups))
+            self._skipped(BatchSkipped(batch.seq, "empty", f"every group of it was abandoned "
+                                                           f"({len(batch.abandoned)} abandoned episodes)"))
             self._batcher.done(batch)
             self.stats.batches_skipped += 1
             return
@@ -424,9 +434,15 @@ class ShardWriter:
             self._dead_letter(episode.key.encode(), episode.value, episode.headers, episode.partition,
                               episode.offset, reason, kind)
             position += len(episode.segments)
-        self._outbox.confirm()
+        self._skipped(BatchSkipped(batch.seq, "dead-lettered", f"{kind}: {exc}"[:MAX_REASON_CHARS]))
         self._batcher.done(batch)
         self.stats.batches_dead_lettered += 1
+
+    def _skipped(self, skipped: BatchSkipped) -> None:
+        """Tell rollout.shards' readers this seq will never come (confirmed, like an announcement)."""
+        self._outbox.send(Outgoing(self.topics.shards, skipped.key(), skipped.value(), skipped.headers(),
+                                   f"batch {skipped.seq} skipped"))
+        self._outbox.confirm()
 
     def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
         """Batch metrics, then the manifest, each confirmed: a manifest on rollout.shards implies both."""

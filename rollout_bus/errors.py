@@ -56,6 +56,10 @@ class MissingTopicError(Unavailable, ConfigError):
     retries, as for ``Unavailable``) or a wrong name (a command-line value: ``ConfigError``)."""
 
 
+class FeedTimeoutError(RolloutBusError, TimeoutError):
+    """A trainer's feed waited longer than its timeout for the next batch."""
+
+
 class Stopped(BrokerError):
     """The process was asked to stop while waiting for the broker."""
 

@@ -12,7 +12,10 @@ talks to no broker.
 - rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``.
 - rollout.shards: compact, sorted JSON: a batch's manifest plus where it lies (``dir``,
   ``manifest_path``, ``manifest_sha256``), built by ``announcement_value`` and read back by
-  ``parse_announcement`` (None for a record that is not an announcement).
+  ``parse_announcement`` (None for a record that is not an announcement). Control records there:
+  ``batch-skipped`` (``BatchSkipped``: a seq that will never be written) and ``end-of-run``
+  (``BatchesEnded``: the run is over, every seq below ``next_seq`` announced or skipped), so a
+  trainer following the batches in seq order never waits for a batch that cannot come.
 - Keys: ``parse_rollout_key`` reads a rollout key string back (``topics.rollout_key_string``);
   ``rollout_key_adapter`` is its adapter name, None for a key that names none or is no rollout key.
 - Control records, told apart from data by the ``control`` header (data records never carry it),
@@ -310,3 +313,57 @@ class Abandoned:
             raise ContractError(must_be("abandoned attempt/group_size", ">= 0 / >= 1",
                                         (doc["attempt"], doc["group_size"])))
         return cls(doc["attempt"], doc["group_size"], doc["kind"], doc["reason"], doc["source"])
+
+
+CONTROL_BATCH_SKIPPED = "batch-skipped"
+
+
+@dataclass(frozen=True)
+class BatchSkipped:
+    """rollout.shards: batch ``seq`` will never be written, so a reader following the batches in
+    seq order moves past it. ``why``: ``empty`` (every group of it abandoned) or ``dead-lettered``
+    (the whole-batch check refused it: its episodes are in the DLQ with the reason). Keyed like an
+    announcement, by the seq."""
+
+    seq: int
+    why: str
+    reason: str
+
+    def key(self) -> bytes:
+        return str(self.seq).encode()
+
+    def value(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_CONTROL, CONTROL_BATCH_SKIPPED.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+
+    @classmethod
+    def from_value(cls, value: bytes | None) -> "BatchSkipped":
+        doc = _control_doc(value, "batch-skipped", {"seq": int, "why": str, "reason": str})
+        if doc["seq"] < 0:
+            raise ContractError(must_be("batch-skipped seq", ">= 0", doc["seq"]))
+        return cls(doc["seq"], doc["why"], doc["reason"])
+
+
+@dataclass(frozen=True)
+class BatchesEnded:
+    """rollout.shards: run ``run`` is over and every batch below ``next_seq`` has been announced or
+    skipped, so a reader that has them all has the whole run (key ``END_OF_RUN_KEY``; the shard
+    writer sends it once the run's last, partial batch is written)."""
+
+    run: str
+    next_seq: int
+
+    def value(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_CONTROL, CONTROL_END_OF_RUN.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+
+    @classmethod
+    def from_value(cls, value: bytes | None) -> "BatchesEnded":
+        doc = _control_doc(value, "end-of-run", {"run": str, "next_seq": int})
+        if doc["next_seq"] < 0:
+            raise ContractError(must_be("end-of-run next_seq", ">= 0", doc["next_seq"]))
+        return cls(doc["run"], doc["next_seq"])

@@ -14,6 +14,7 @@ from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.reader import TopicReader, topic_names
 from rollout_bus.observe.report import RawRun
+from rollout_bus.records import control_kind
 from rollout_bus.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def read_run(conn: Mapping[str, Any], topics: Topics, *, timeout_s: float = 60.0
     stamps = [r.timestamp for batch in records.values() for r in batch if r.timestamp and r.timestamp > 0]
     run = RawRun(counts=counts, first_ms=min(stamps, default=None), last_ms=max(stamps, default=None))
     run.metrics = _json_values(records.get(topics.metrics, []))
-    run.announcements = _json_values(records.get(topics.shards, []))
+    # batch announcements only: the control records there (skipped batches, end of run) are not batches
+    run.announcements = _json_values([r for r in records.get(topics.shards, []) if control_kind(r.headers) is None])
     run.dead_letters = [DeadLetter.from_record(r.key, r.value, r.headers) for r in records.get(topics.dlq, [])]
     return run
 

@@ -21,8 +21,9 @@ from rollout_bus.cli.replay import replay as replay_command
 from rollout_bus.errors import CodecError, ConfigError
 from rollout_bus.tools.inspect import inspect_position, render
 from rollout_bus.kafka.clients import wait_for_partitions
-from rollout_bus.kafka.reader import open_reader
+from rollout_bus.kafka.reader import TopicReader, open_reader
 from rollout_bus.positions import Position, RangeStart
+from rollout_bus.records import control_kind
 from rollout_bus.tools.replay import manifests_in_dir, replay, settle_settings
 from tests.integration.pipeline_harness import run_pipeline
 
@@ -182,11 +183,18 @@ def test_inspecting_dead_letters_shows_the_reason_and_decodes_the_original_when_
 
 
 def test_inspect_prints_json_for_programs(kafka_bootstrap, pipeline):
-    result = CliRunner().invoke(app_of(inspect_command), [f"{pipeline.topics.shards}:0:0", "--json",
-                                                          "--bootstrap-servers", kafka_bootstrap])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
-    assert doc["decoded_as"] == "json" and "shards" in doc["json"]
+    reader = TopicReader({"bootstrap_servers": kafka_bootstrap}, [pipeline.topics.shards])
+    try:
+        records = reader.read_to_end()[pipeline.topics.shards]
+    finally:
+        reader.close()
+    first = {control_kind(r.headers): r.offset for r in reversed(records)}  # the first of each kind
+    for control, expected in ((None, "shards"), ("batch-skipped", "why")):  # a batch; the faults' refused one
+        result = CliRunner().invoke(app_of(inspect_command), [f"{pipeline.topics.shards}:0:{first[control]}",
+                                                              "--json", "--bootstrap-servers", kafka_bootstrap])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        assert doc["decoded_as"] == "json" and expected in doc["json"]
 
 
 @pytest.mark.parametrize("position, message", [

@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, control_kind, encode_episode
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 from rollout_bus.topics import rollout_key_string
@@ -176,7 +176,8 @@ def test_every_episode_lands_once_with_its_masks_and_a_replay_is_byte_identical(
 
     dead = [DeadLetter.from_record(r.key, r.value, r.headers) for r in read_topic(client_kwargs, topics.dlq)]
     assert [(d.key, d.stage, d.kind) for d in dead] == [(b"broken", "shards", "decode")]
-    announced = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards)]
+    shards = read_topic(client_kwargs, topics.shards)
+    announced = [json.loads(r.value) for r in shards if control_kind(r.headers) is None]  # batches, not controls
     assert sorted(a["seq"] for a in announced) == [0, 1, 2, 3]
     batch_records = [json.loads(r.value) for r in read_topic(client_kwargs, topics.metrics)]
     assert sorted(b["batch"] for b in batch_records if b["kind"] == "batch") == [0, 1, 2, 3]
@@ -222,7 +223,7 @@ def test_writer_killed_mid_run_restarts_to_byte_identical_shards(kafka_bootstrap
     run_writer(kafka_bootstrap, topics, killed, group_id)
 
     assert tree_hashes(killed) == tree_hashes(reference)
-    mine = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards)]
+    mine = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards) if control_kind(r.headers) is None]
     mine = [a["seq"] for a in mine if Path(a["dir"]).parent == killed.resolve()]
     assert sorted(mine) == [0, 1, 2, 3, 4]
 
@@ -238,11 +239,12 @@ def test_restart_over_leftovers_rewrites_the_incomplete_batch_and_announces_the_
 
     run_writer(kafka_bootstrap, topics, crashed)
     assert tree_hashes(crashed) == tree_hashes(reference)
-    announced = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards)]
+    shards = read_topic(client_kwargs, topics.shards)
+    announced = [json.loads(r.value) for r in shards if control_kind(r.headers) is None]  # batches, not controls
     assert sorted(a["seq"] for a in announced if Path(a["dir"]).parent == crashed.resolve()) == [0, 1, 2, 3]
 
     run_writer(kafka_bootstrap, topics, reference)  # everything already written and announced: nothing new
-    again = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards)]
+    again = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards) if control_kind(r.headers) is None]
     assert len(again) == len(announced)
     assert tree_hashes(reference) == tree_hashes(crashed)
 

@@ -19,11 +19,12 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from consumers.shard_writer import ShardWriter, WriterOptions
+from consumers.trainer_feed import ShardFeed
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.positions import RangeStart
 from rollout_bus.tools.replay import replay
-from rollout_bus.records import Abandoned
+from rollout_bus.records import Abandoned, control_kind
 from rollout_bus.topics import Topics, rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_episode, manifests, publish,
                                                  read_topic, run_writer)
@@ -139,6 +140,15 @@ def test_abandoned_records_complete_groups_are_listed_in_manifests_and_order_doe
         name = f"batch-{seq:08d}/manifest.json"
         assert (tmp_path / "replayed" / name).read_bytes() == (outs[False] / name).read_bytes()
 
+    # rollout.shards says seq 2 will never come and when the run is over: a trainer's feed passes over
+    # the gap and stops at the end instead of waiting
+    shards = read_topic(client_kwargs, all_topics[False].shards)
+    controls = [(control_kind(r.headers), json.loads(r.value)) for r in shards if control_kind(r.headers)]
+    assert [(kind, doc.get("seq"), doc.get("why"), doc.get("next_seq")) for kind, doc in controls] == [
+        ("batch-skipped", 2, "empty", None), ("end-of-run", None, None, 5)]
+    with ShardFeed(kafka_bootstrap, rank=1, dp_size=2, topic_prefix=all_topics[False].prefix, timeout_s=30) as feed:
+        assert [batch.seq for batch in feed] == [0, 1, 3, 4]
+
 
 # ---------------------------------------------------------------------------- end of run
 
@@ -187,8 +197,10 @@ def test_a_writer_restarted_between_end_of_run_and_its_flush_reads_the_markers_a
     assert restarted.error is None and restarted.writer.stats.runs_ended == 1
     assert restarted.writer.stats.batches_found == 1 and restarted.writer.stats.batches_written == 1
     assert [(m["seq"], m["extra"]["partial"]) for m in manifests(tmp_path)] == [(0, False), (1, True)]
-    announced = [json.loads(r.value)["seq"] for r in read_topic(client_kwargs, topics.shards)]
+    shards = read_topic(client_kwargs, topics.shards)
+    announced = [json.loads(r.value)["seq"] for r in shards if control_kind(r.headers) is None]
     assert sorted(announced) == [0, 1]
+    assert [json.loads(r.value)["next_seq"] for r in shards if control_kind(r.headers) == "end-of-run"] == [2]
 
 
 # ---------------------------------------------------------------------------- record sizes

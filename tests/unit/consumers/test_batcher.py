@@ -105,6 +105,16 @@ def test_step_flush_writes_open_ranges_as_partial_batches_with_incomplete_groups
     assert [(b.seq, b.partial) for b in flushed] == [(0, True), (2, True)]
     assert [(g.group_index, g.episodes, g.complete) for g in flushed[0].groups] == [(0, 2, True), (1, 1, False)]
     assert batcher.pending_episodes == 0 and batcher.flush() == []
+    assert batcher.next_seq == 3  # one past the highest range formed: what the end of run announces
+
+
+def test_step_next_seq_follows_the_highest_range_formed_in_any_order():
+    batcher = Batcher(2, "step")
+    assert batcher.next_seq == 0
+    feed(batcher, [episode(g, r) for g in (2, 3) for r in (0, 1)])
+    assert batcher.next_seq == 2
+    feed(batcher, [episode(g, r) for g in (0, 1) for r in (0, 1)])
+    assert batcher.next_seq == 2
 
 
 def test_episode_of_an_already_formed_range_is_rejected_as_late():
