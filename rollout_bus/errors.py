@@ -57,7 +57,8 @@ class MissingTopicError(Unavailable, ConfigError):
 
 
 class FeedTimeoutError(RolloutBusError, TimeoutError):
-    """A trainer's feed waited longer than its timeout for the next batch."""
+    """Waited longer than its timeout for the bus: a trainer's feed for its next batch, a generator for
+    a weight version."""
 
 
 class Stopped(BrokerError):

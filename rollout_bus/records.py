@@ -16,6 +16,8 @@ talks to no broker.
   ``batch-skipped`` (``BatchSkipped``: a seq that will never be written) and ``end-of-run``
   (``BatchesEnded``: the run is over, every seq below ``next_seq`` announced or skipped), so a
   trainer following the batches in seq order never waits for a batch that cannot come.
+- rollout.weights (compacted): ``WeightVersion``, the trainer's live weight version, key
+  ``WEIGHTS_KEY``.
 - Keys: ``parse_rollout_key`` reads a rollout key string back (``topics.rollout_key_string``);
   ``rollout_key_adapter`` is its adapter name, None for a key that names none or is no rollout key.
 - Control records, told apart from data by the ``control`` header (data records never carry it),
@@ -367,3 +369,29 @@ class BatchesEnded:
         if doc["next_seq"] < 0:
             raise ContractError(must_be("end-of-run next_seq", ">= 0", doc["next_seq"]))
         return cls(doc["run"], doc["next_seq"])
+
+
+# ---------------------------------------------------------------------------------------- weights
+
+WEIGHTS_KEY = b"policy"
+
+
+@dataclass(frozen=True)
+class WeightVersion:
+    """rollout.weights: the trainer's weights at ``version`` are live (published after optimizer step
+    ``step``; ``published_at`` in ms since the epoch). Keyed ``WEIGHTS_KEY`` on a compacted topic, so
+    the latest version is what a reader that starts late finds. Versions only grow."""
+
+    version: int
+    step: int
+    published_at: int
+
+    def value(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_value(cls, value: bytes | None) -> "WeightVersion":
+        doc = _control_doc(value, "weights", {"version": int, "step": int, "published_at": int})
+        if doc["version"] < 0 or doc["step"] < 0:
+            raise ContractError(must_be("weights version/step", ">= 0", (doc["version"], doc["step"])))
+        return cls(doc["version"], doc["step"], doc["published_at"])

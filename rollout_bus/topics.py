@@ -63,6 +63,10 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}rollout.dlq"
 
+    @property
+    def weights(self) -> str:
+        return f"{self.prefix}rollout.weights"
+
     def specs(self) -> list[TopicSpec]:
         """Every pipeline topic with its meaning, in data-flow order."""
         return [
@@ -76,6 +80,9 @@ class Topics:
             TopicSpec(self.shards, "JSON manifest of every batch of trainer shards written", "batch sequence"),
             TopicSpec(self.dlq, "a rejected record: original key, value, headers plus reason, stage, source "
                       "topic-partition-offset", "the original key"),
+            TopicSpec(self.weights, "JSON: the trainer's live weight version, step and publication time "
+                      "(records.WeightVersion); compacted: the latest per key", "the policy (b'policy')",
+                      compacted=True),
         ]
 
     def names(self) -> list[str]:

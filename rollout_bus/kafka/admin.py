@@ -4,7 +4,8 @@ Contract of ``ensure_topics``:
 
 * Every pipeline topic (and each of ``extra``) that does not exist is created with its partition
   count, ``replication_factor``, and ``limits.topic_config(max_record_bytes)`` (``max.message.bytes``
-  large enough for the largest record), so no stage creates a topic with broker defaults.
+  large enough for the largest record), so no stage creates a topic with broker defaults; a
+  compacted spec (rollout.weights) also gets ``cleanup.policy=compact``.
 * A topic that exists keeps its partitions; if its ``max.message.bytes`` is below what
   ``max_record_bytes`` needs, it is raised (an incremental config change: its other settings stay).
   A topic that already allows more is left alone. When the cluster refuses to describe or change
@@ -53,8 +54,10 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
     admin = new_admin(client_kwargs)
     try:
         existing = set(admin.list_topics())
+        compacted = {spec.name for spec in topics.specs() if spec.compacted}
         missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
-                          "configs": dict(configs)} for name, partitions in wanted.items() if name not in existing}
+                          "configs": {**configs, **({"cleanup.policy": "compact"} if name in compacted else {})}}
+                   for name, partitions in wanted.items() if name not in existing}
         if missing:
             try:
                 admin.create_topics(missing)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.records import (Abandoned, EndOfRun, ShardAnnouncement, TurnHeaders, announcement_value, control_kind,
-                                 parse_announcement, parse_rollout_key, rollout_key_adapter)
+from rollout_bus.records import (Abandoned, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement, TurnHeaders,
+                                 WeightVersion, announcement_value, control_kind, parse_announcement,
+                                 parse_rollout_key, rollout_key_adapter)
 from rollout_bus.sample import AdapterRef
 from rollout_bus.topics import rollout_key_string
 
@@ -82,3 +83,23 @@ def test_a_shard_announcement_round_trips_and_other_records_are_not_announcement
     for other in (None, b"", b"\xff", b"[1]", b'{"seq": 4}', b'{"rollout/x": 1}',
                   json.dumps({**manifest, "dir": 3, "manifest_path": "p", "manifest_sha256": "s"}).encode()):
         assert parse_announcement(other) is None
+
+
+def test_a_weight_version_round_trips_and_a_bad_one_is_refused_by_field():
+    record = WeightVersion(3, 2, 1_700_000_000_000)
+    assert WeightVersion.from_value(record.value()) == record
+    assert record.value() == b'{"published_at":1700000000000,"step":2,"version":3}'
+    for bad, field in ((b'{"version":-1,"step":0,"published_at":0}', "version"),
+                       (b'{"version":1,"step":0}', "published_at"), (b"not json", "weights")):
+        with pytest.raises(ContractError, match=field):
+            WeightVersion.from_value(bad)
+
+
+def test_skipped_batches_and_the_end_of_a_run_on_rollout_shards_round_trip():
+    skipped = BatchSkipped(4, "empty", "every group abandoned")
+    assert BatchSkipped.from_value(skipped.value()) == skipped and skipped.key() == b"4"
+    assert control_kind(skipped.headers()) == "batch-skipped"
+    ended = BatchesEnded("run-1", 7)
+    assert BatchesEnded.from_value(ended.value()) == ended and control_kind(ended.headers()) == "end-of-run"
+    with pytest.raises(ContractError, match="seq"):
+        BatchSkipped.from_value(b'{"seq":-1,"why":"empty","reason":""}')
