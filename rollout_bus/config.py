@@ -93,6 +93,14 @@ class GenerateSettings(_Settings):
     run_id: str = ""
     end_of_run: bool = True
     delivery_timeout_s: float = Field(900.0, ge=31)  # kafka-python: >= request timeout (30 s) + linger
+    # the control loop (rollout.weights): stamp turns with the trainer's live version; admit a group of
+    # batch k (= group_index // groups_per_batch) only once that version is >= k - max_staleness
+    follow_weights: bool = False
+    max_staleness: int | None = Field(None, ge=0)
+    groups_per_batch: int = Field(4, ge=1)
+    # share of turns interrupted when the live version changes mid-turn (an aborted partial turn, then
+    # its continuation under the new version)
+    interrupt_prob: float = Field(0.0, ge=0, le=1)
 
 
 class StreamSettings(_Settings):
@@ -132,3 +140,6 @@ class ShardSettings(_Settings):
     exit_on_end_of_run: bool = False
     max_batches: int | None = Field(None, ge=1)
     written_memory: int = Field(64, ge=1)
+    # safety net of the staleness bound: an episode whose oldest weight version is more than this many
+    # steps behind its batch (step batching: batch k trains at step k) goes to the DLQ as ``stale``
+    max_staleness: int | None = Field(None, ge=0)
