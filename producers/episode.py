@@ -10,7 +10,8 @@ Contract:
   per-token fields cover only this turn's response, so ``merge_samples`` of the turns gives the
   episode. A tool call inside a response is a second engine call: the tool's output is recorded
   with ``append_forced_sampling_tokens`` (singleton supports), loss mask 0 and log-prob 0.0.
-* ``weight_versions`` has one entry per engine call. The final turn carries the reward (earlier
+* ``weight_versions`` has one entry per engine call: ``version_of()`` at the call (the trainer's
+  live version when the generator follows rollout.weights), else ``policy_version``. The final turn carries the reward (earlier
   turns None) and may be TRUNCATED when it runs to the maximum length; every other turn is
   COMPLETED. ``remove_sample`` is decided once per episode.
 * An aborted attempt publishes its turns without ``final``; the episode then calls
@@ -21,6 +22,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,9 +120,12 @@ class Episode:
     """A rollout generated turn by turn across attempts."""
 
     def __init__(self, ident: EpisodeId, settings: GenerateSettings, env: ToolEnvironment,
-                 prompt: str, prompt_tokens: np.ndarray, *, replay_gap: bool = False) -> None:
+                 prompt: str, prompt_tokens: np.ndarray, *, replay_gap: bool = False,
+                 version_of: Callable[[], int] | None = None) -> None:
         self.ident = ident
         self.settings = settings
+        # the weight version an engine call runs under: the trainer's live one when following rollout.weights
+        self.version_of = version_of or (lambda: settings.policy_version)
         self.env = env
         self.prompt_tokens = prompt_tokens
         self.replay_gap = replay_gap
@@ -194,7 +199,7 @@ class Episode:
                         rollout_log_probs=np.empty(0, np.float64))
         for part in draft.parts:
             if isinstance(part, _Call):
-                _append_call(sample, part, str(self.settings.policy_version))
+                _append_call(sample, part, str(self.version_of()))
             else:
                 _append_forced(sample, part)
         sample.status = Status.TRUNCATED if draft.truncated else Status.COMPLETED

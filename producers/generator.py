@@ -16,6 +16,11 @@ Contract:
   faults of ``inject_faults``), then, with ``end_of_run`` on, closes the run (``run_id``, or a
   fresh uuid hex) with ``publisher.publish_end_of_run`` once everything is acknowledged, and
   returns a ``GenerateSummary`` naming the run.
+* With a ``gate`` (``producers.staleness_gate.StalenessGate``: the staleness bound and the trainer's live
+  version), ``iter_turns(settings, gate)`` calls ``gate.admit(group_index)`` before it starts each group
+  (it may wait there for the trainer) and stamps each engine call with ``gate.current()``; without
+  one every call carries ``policy_version`` and nothing waits. ``publish_generated(..., gate=gate)``
+  puts the least and greatest live versions seen in the summary.
 * ``torch_threads`` (when > 0) sets torch's intra-op threads while generating, restored after:
   the per-step ops are small, and thread hand-offs cost more than they give on a busy 2-core box.
 """
@@ -37,6 +42,7 @@ from producers.episode import Episode, EpisodeId, TurnDraft
 from producers.faults import FaultPlan
 from producers.policy import Policy
 from producers.sampling import SamplingParams, sample_tokens
+from producers.staleness_gate import StalenessGate
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.metrics import get_rollout_key
@@ -122,7 +128,7 @@ def _run_engine(policy: Policy, params: SamplingParams, drafts: list[TurnDraft],
 
 
 def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvironment,
-                    faults: FaultPlan) -> list[Episode]:
+                    faults: FaultPlan, gate: StalenessGate | None = None) -> list[Episode]:
     slot = group.adapter.slot + 1 if group.adapter is not None else 0
     rng = np.random.default_rng([settings.seed, slot, group.group_index, _PROMPT_STREAM])
     name = group.adapter.name if group.adapter is not None else "base"
@@ -130,19 +136,26 @@ def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvir
     episodes = []
     for j in range(group.size):
         ident = EpisodeId(group.adapter, group.group_index, group.first_index + j, group.size)
-        episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident)))
+        if gate is None:  # exactly as before: the same settings give the same samples
+            episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident)))
+        else:
+            episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident),
+                                    version_of=gate.current))
     return episodes
 
 
-def iter_turns(settings: GenerateSettings) -> Iterator[tuple[Sample, dict]]:
-    """Every turn of every episode, in publishing order, as ``(sample, publish_turn kwargs)``."""
+def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) -> Iterator[tuple[Sample, dict]]:
+    """Every turn of every episode, in publishing order, as ``(sample, publish_turn kwargs)``; with a
+    ``gate``, each group starts once the gate admits it and engine calls carry the live version."""
     params = _check(settings)
     faults = FaultPlan(settings, parse_adapters(settings.adapters)[0])
     with _torch_threads(settings.torch_threads):
         policy = Policy(settings.vocab_size, settings.seed, dim=settings.policy_dim)
         env = ToolEnvironment(settings.vocab_size)
         for group in plan_groups(settings):
-            episodes = _group_episodes(settings, group, env, faults)
+            if gate is not None:
+                gate.admit(group.group_index)
+            episodes = _group_episodes(settings, group, env, faults, gate)
             round_ = 0
             while live := [e for e in episodes if not e.done]:
                 drafts = [e.begin_turn() for e in live]
@@ -156,7 +169,8 @@ def iter_turns(settings: GenerateSettings) -> Iterator[tuple[Sample, dict]]:
 class GenerateSummary:
     """What a run sent: the finished episodes (key string, attempt of the final turn), turns, bytes
     (turn and fault records' keys plus values, headers and end-of-run records excluded), the
-    deliberate faults, the run id, and on how many partitions the run was closed (0: not closed)."""
+    deliberate faults, the run id, and on how many partitions the run was closed (0: not closed). With a
+    staleness gate: the least and greatest live weight versions seen, and the waits for the trainer."""
 
     episodes: list[tuple[str, int]] = field(default_factory=list)
     turns_sent: int = 0
@@ -164,30 +178,44 @@ class GenerateSummary:
     faults: list[dict] = field(default_factory=list)
     run_id: str = ""
     end_of_run_partitions: int = 0
+    live_version_min: int | None = None
+    live_version_max: int | None = None
+    weight_waits: int = 0
+    weight_waited_s: float = 0.0
 
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "episodes": [list(e) for e in self.episodes],
                 "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent,
                 "bytes_sent": self.bytes_sent, "faults": self.faults,
-                "end_of_run_partitions": self.end_of_run_partitions}
+                "end_of_run_partitions": self.end_of_run_partitions,
+                "live_version_min": self.live_version_min, "live_version_max": self.live_version_max,
+                "weight_waits": self.weight_waits, "weight_waited_s": round(self.weight_waited_s, 3)}
+
+    def saw(self, gate: StalenessGate | None) -> None:
+        """Take in what the gate saw (the live versions, the waits)."""
+        if gate is not None:
+            self.live_version_min, self.live_version_max = gate.lowest, gate.highest
+            self.weight_waits, self.weight_waited_s = gate.waits, gate.waited_s
 
 
 ProgressFn = Callable[[GenerateSummary], None]
 
 
-def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None) -> GenerateSummary:
+def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None,
+                      gate: StalenessGate | None = None) -> GenerateSummary:
     """Generate and publish everything; flush; return what was sent.
 
     ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``send_raw``, ``flush``,
     ``publish_end_of_run`` and ``bytes_sent``). ``progress`` is called with the running summary
-    after every turn.
+    after every turn. ``gate``: the staleness bound (see ``iter_turns``).
     """
     summary = GenerateSummary(run_id=settings.run_id or uuid.uuid4().hex)
     start_bytes = publisher.bytes_sent
     last_final: tuple[Sample, dict] | None = None
-    for sample, args in iter_turns(settings):
+    for sample, args in iter_turns(settings, gate):
         publisher.publish_turn(sample, **args)
         summary.turns_sent += 1
+        summary.saw(gate)
         if args["final"]:
             summary.episodes.append((rollout_key_string(get_rollout_key(sample, 0)), args["attempt"]))
             last_final = last_final or (sample, args)
@@ -201,7 +229,11 @@ def publish_generated(settings: GenerateSettings, publisher, progress: ProgressF
     summary.bytes_sent = publisher.bytes_sent - start_bytes
     if settings.end_of_run:
         summary.end_of_run_partitions = publisher.publish_end_of_run(summary.run_id)
+    summary.saw(gate)
     logger.info("generated run=%s episodes=%d turns=%d bytes=%d faults=%d end_of_run_partitions=%d", summary.run_id,
                 len(summary.episodes), summary.turns_sent, summary.bytes_sent, len(summary.faults),
                 summary.end_of_run_partitions)
+    if gate is not None:
+        logger.info("weights run=%s live_version_min=%s live_version_max=%s waits=%d waited_s=%.1f", summary.run_id,
+                    summary.live_version_min, summary.live_version_max, summary.weight_waits, summary.weight_waited_s)
     return summary

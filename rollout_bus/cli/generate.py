@@ -10,12 +10,24 @@ without ``--no-end-of-run``), or the operator with ``rollout-bus end-run --run-i
 run once all are done. A broker outage shorter than ``--delivery-timeout`` (15 min) is ridden
 out: records wait in the producer, a WARNING line every 10 s and the progress line say so; a
 generator started while the broker is down waits for it as long, with the same WARNING lines.
+
+The control loop: with ``--follow-weights`` each engine call is stamped with the trainer's live
+weight version (read from rollout.weights); with ``--max-staleness K`` (implies following) a group of
+batch k (= group index // ``--groups-per-batch``) starts only once that version is >= k - K, and
+waits otherwise (an INFO line about every 10 s and the progress line say why). A SIGTERM or SIGINT
+then stops the generator at the next group boundary or during the wait: what was sent is flushed,
+the run is not closed, and it exits 128 + the signal number (a second signal stops it at once). The
+summary names the least and greatest live versions seen.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import signal
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,43 +37,106 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
-from rollout_bus.errors import RolloutBusError
+from rollout_bus.errors import RolloutBusError, Stopped
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.client_logs import quiet_client_logs
+from rollout_bus.kafka.weights import WeightWatcher
 
 if TYPE_CHECKING:
     from producers.broker_wait import BrokerWait
     from producers.generator import GenerateSummary
+    from producers.staleness_gate import GateWait
 
 console = Console(stderr=True)
+logger = logging.getLogger("rollout_bus.cli.generate")
 
 
-def _run(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
+class StopSignals:
+    """SIGTERM/SIGINT ask for a stop (``requested`` turns true, ``signum`` says which); a second one stops
+    at once (KeyboardInterrupt)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        logger.info("%s: stopping at the next group boundary or wait (again to stop now)",
+                    signal.Signals(signum).name)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopSignals]:
+        before = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+        try:
+            yield self
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+
+def _run(settings: GenerateSettings, kafka: KafkaSettings,
+         stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
     from producers.generator import publish_generated  # torch: imported only when generating, so the
     from producers.publisher import TurnPublisher       # rest of the CLI starts fast
+    from producers.staleness_gate import StalenessGate
 
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()
     wait_for_cluster(kwargs, settings.delivery_timeout_s)  # started during an outage: wait it out, saying so
     ensure_topics(kwargs, topics, max_record_bytes=kafka.max_record_bytes)
+    follows = settings.follow_weights or settings.max_staleness is not None
     columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
-               "turns sent, {task.fields[mb]:.1f} MB{task.fields[note]}"), TimeElapsedColumn())
+               "turns sent, {task.fields[mb]:.1f} MB{task.fields[weights]}{task.fields[note]}{task.fields[gate]}"),
+               TimeElapsedColumn())
     began = time.monotonic()
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="")
-        update = lambda s: progress.update(task, completed=len(s.episodes), turns=s.turns_sent,  # noqa: E731
-                                           mb=s.bytes_sent / 1e6)
+    watcher = WeightWatcher(kwargs, topics, initial=settings.policy_version) if follows else None
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="", gate="",
+                                     weights="")
 
-        def on_wait(wait: BrokerWait | None) -> None:
-            note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
-                                            f"{wait.records} records unacknowledged)[/yellow]")
-            progress.update(task, note=note)
+            def update(s: GenerateSummary) -> None:
+                weights = "" if s.live_version_max is None else f", weights v{s.live_version_max}"
+                progress.update(task, completed=len(s.episodes), turns=s.turns_sent, mb=s.bytes_sent / 1e6,
+                                weights=weights)
 
-        bootstrap = kwargs.pop("bootstrap_servers")
-        with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
-                           delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait, **kwargs) as publisher:
-            summary = publish_generated(settings, publisher, progress=update)
-        update(summary)
+            def on_wait(wait: BrokerWait | None) -> None:
+                note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
+                                                f"{wait.records} records unacknowledged)[/yellow]")
+                progress.update(task, note=note)
+
+            def on_gate(wait: GateWait | None) -> None:
+                if wait is None:
+                    progress.update(task, gate="")
+                    return
+                progress.update(task, weights=f", weights v{wait.live}",
+                                gate=f" [yellow]- {wait.describe()} ({wait.waited_s:.0f}s)[/yellow]")
+
+            gate = None
+            if watcher is not None:
+                gate = StalenessGate(watcher, groups_per_batch=settings.groups_per_batch,
+                                     max_staleness=settings.max_staleness, on_wait=on_gate, stop=stop)
+                live = gate.current()
+                progress.update(task, weights=f", weights v{live}")
+                logger.info("following weights topic=%s live=%d max_staleness=%s groups_per_batch=%d",
+                            topics.weights, live, settings.max_staleness, settings.groups_per_batch)
+            bootstrap = kwargs.pop("bootstrap_servers")
+            with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
+                               delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait,
+                               **kwargs) as publisher:
+                summary = publish_generated(settings, publisher, progress=update, gate=gate)
+            update(summary)
+    finally:
+        if watcher is not None:
+            watcher.close()
     return summary, time.monotonic() - began
 
 
@@ -97,6 +172,16 @@ def generate(
     delivery_timeout: float | None = typer.Option(None, "--delivery-timeout",
                                                   help="Seconds a record may wait for an unreachable broker before "
                                                        "the run fails (default 900)."),
+    follow_weights: bool = typer.Option(False, "--follow-weights",
+                                        help="Stamp each engine call with the trainer's live weight version "
+                                             "(rollout.weights) instead of the fixed policy version."),
+    max_staleness: int | None = typer.Option(None, "--max-staleness", min=0,
+                                             help="Start a group of batch k only once the live weight version is "
+                                                  ">= k - K, waiting for the trainer otherwise (implies "
+                                                  "--follow-weights; default: no bound)."),
+    groups_per_batch: int | None = typer.Option(None, "--groups-per-batch", min=1,
+                                                help="Prompt groups per trainer step: batch k holds group indices "
+                                                     "[k*G, (k+1)*G) (default 4)."),
     summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
@@ -110,10 +195,23 @@ def generate(
         max_response_len=max_response_len, vocab_size=vocab_size, temperature=temperature, top_p=top_p,
         top_k=top_k, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
-        run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout)
+        run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
+        follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
+    signals = StopSignals()
     try:
-        summary, seconds = _run(settings, kafka)
+        if settings.follow_weights or settings.max_staleness is not None:
+            with signals.installed():
+                summary, seconds = _run(settings, kafka, stop=signals.requested)
+        else:
+            summary, seconds = _run(settings, kafka)
+    except Stopped as exc:
+        if signals.signum is None:  # not ours: a wait for the broker given up
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+        console.print(f"stopped ({signal.Signals(signals.signum).name}): {exc}; what was sent is flushed, "
+                      "the run is left open")
+        raise typer.Exit(128 + signals.signum) from exc
     except RolloutBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
@@ -128,6 +226,10 @@ def generate(
     closed = (f"closed on {summary.end_of_run_partitions} partitions" if summary.end_of_run_partitions
               else "left open (--no-end-of-run)")
     console.print(f"run {summary.run_id}: {closed}")
+    if summary.live_version_max is not None:
+        console.print(f"weights: live versions {summary.live_version_min}..{summary.live_version_max}, "
+                      f"{summary.weight_waits} wait{'' if summary.weight_waits == 1 else 's'} for the trainer "
+                      f"({summary.weight_waited_s:.1f}s)")
 
 
 if __name__ == "__main__":  # python -m rollout_bus.cli.generate

@@ -291,3 +291,45 @@ def test_unusable_settings_are_refused():
     with pytest.raises(ConfigError):
         parse_adapters("math,math")
     assert parse_adapters("") == [None]
+
+
+# --- the staleness gate ----------------------------------------------------------------------------
+
+def gated(watcher, groups_per_batch=1, max_staleness=None):
+    from producers.staleness_gate import StalenessGate
+
+    return StalenessGate(watcher, groups_per_batch=groups_per_batch, max_staleness=max_staleness)
+
+
+def test_a_gate_stamps_every_engine_call_with_the_live_version_and_changes_nothing_else():
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
+
+    plain = list(iter_turns(small(tool_call_prob=0.5)))
+    followed = list(iter_turns(small(tool_call_prob=0.5), gated(FakeWatcher(version=7))))
+    assert len(plain) == len(followed)
+    for (a, a_args), (b, b_args) in zip(plain, followed):
+        assert a_args == b_args and np.array_equal(a.tokens, b.tokens) and a.reward == b.reward
+        assert a.weight_versions == ["0"] * len(a.weight_versions)
+        assert b.weight_versions == ["7"] * len(a.weight_versions)
+
+
+def test_a_group_starts_only_once_the_gate_admits_it_and_carries_the_version_it_was_admitted_under():
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
+
+    watcher = FakeWatcher(version=0, published=[1, 2])
+    turns = list(iter_turns(small(episodes=12, n_samples_per_prompt=4), gated(watcher, 1, 0)))
+    assert watcher.waited_for == [1, 2]  # synchronous: group g (= batch g) waits for version g
+    groups = [s.group_index for s, _ in turns]
+    assert groups == sorted(groups)
+    for sample, _ in turns:
+        assert {int(v) for v in sample.weight_versions} == {sample.group_index}
+
+
+def test_the_summary_names_the_live_versions_seen_and_the_waits():
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
+
+    summary = publish_generated(small(), MemoryPublisher(), gate=gated(FakeWatcher(0, [1, 2]), 1, 0))
+    doc = summary.to_json()
+    assert (doc["live_version_min"], doc["live_version_max"], doc["weight_waits"]) == (0, 2, 2)
+    plain = publish_generated(small(), MemoryPublisher()).to_json()
+    assert (plain["live_version_min"], plain["live_version_max"], plain["weight_waits"]) == (None, None, 0)
