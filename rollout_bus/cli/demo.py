@@ -29,18 +29,22 @@ def demo(
     out: Path | None = typer.Option(None, "--out", help="Where shards and logs go (default: demo-out/<run id>)."),
     inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send bad records, to show the DLQ."),
     timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
+    train: bool = typer.Option(False, "--train", help="Also run train-sim on the shards (every rank) and check that "
+                                                      "every written batch is trained exactly once per rank."),
     port: int = options.PORT,
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
 
     Exit 0 only when every valid episode the generator finished is in exactly one shard (with
     --inject-faults, the deliberately bad records and the batch their replay gap fails go to the DLQ).
+    With --train, train-sim (a fourth process) trains on the shards; then also only when it trained
+    every written batch exactly once per rank, in seq order.
     """
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
     run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
                               n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
-                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes)
+                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

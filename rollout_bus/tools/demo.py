@@ -6,7 +6,10 @@ generator's end-of-run records have come through the stream stage; the shard wri
 nothing more will come. The run succeeds (exit 0) only when every valid episode the generator
 finished is in exactly one written batch (``tools.accounting``: only the deliberate faults of
 ``--inject-faults``, and the batch-mates their failed mask check takes along, may end in the DLQ);
-everything it started is stopped either way.
+everything it started is stopped either way. With ``train`` a fourth process, ``train-sim``
+(``tools.train_sim``), trains on every rank's shards as they are announced and exits at the run's
+end; the demo waits for it, and succeeds only if every written batch was trained exactly once per
+rank, in seq order (``tools.train_sim.reconcile_training`` over its ``trained.jsonl``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.tools.processes import StageProcess
+from rollout_bus.tools.train_sim import TrainingCheck, read_trained, reconcile_training
 from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
@@ -46,6 +50,7 @@ class DemoOptions:
     timeout_s: float = 300.0
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # the stages read ROLLOUT_BUS_MAX_RECORD_BYTES themselves
     generator_args: list[str] = field(default_factory=list)
+    train: bool = False  # also run train-sim on the shards, and check every batch was trained once per rank
 
 
 def _expected_batches(options: DemoOptions) -> int:
@@ -66,6 +71,7 @@ class DemoRun:
         self.topics = Topics(prefix=prefix)
         self.out = Path(options.out) if options.out else Path("demo-out") / self.run_id
         self.summary_path = self.out / "generator-summary.json"
+        self.train_dir = self.out / "train"
         self.stages: dict[str, StageProcess] = {}
 
     def _common(self) -> list[str]:
@@ -81,6 +87,10 @@ class DemoRun:
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
             "--exit-on-end-of-run"], logs / "shards.log")
+        if o.train:
+            self.stages["train"] = StageProcess("train", "train_sim", [
+                *self._common(), "--ranks", "all", "--dp-size", str(o.dp_size), "--checkpoint-dir",
+                str(self.train_dir), "--timeout", str(o.timeout_s)], logs / "train.log")
         if not generator:
             return
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
@@ -151,12 +161,38 @@ class DemoRun:
                         return self.reconcile(watcher, verify=False), None
             return result, f"timed out after {self.options.timeout_s:.0f}s"
 
+    def wait_for_training(self) -> str | None:
+        """With ``train``: show batches trained (as checkpointed) until train-sim exits at the run's end;
+        return a failure, if any."""
+        stage = self.stages.get("train")
+        if stage is None:
+            return None
+        columns = [TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        deadline = time.monotonic() + self.options.timeout_s
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            bar = progress.add_task("batches trained", total=len(written_batches(self.out / "shards")))
+            while stage.poll() is None and time.monotonic() < deadline:
+                progress.update(bar, completed=len({row["seq"] for row in read_trained(self.train_dir)}))
+                time.sleep(0.5)
+            progress.update(bar, completed=len({row["seq"] for row in read_trained(self.train_dir)}))
+        if stage.poll() is None:
+            return f"train-sim did not finish within {self.options.timeout_s:.0f}s; see {stage.log_path}"
+        return self._failed_stage()
+
+    def check_training(self) -> TrainingCheck | None:
+        """Every written batch trained exactly once per rank, in seq order (None without ``train``)."""
+        if not self.options.train:
+            return None
+        seqs = [int(m["seq"]) for m in written_batches(self.out / "shards").values()]
+        return reconcile_training(seqs, read_trained(self.train_dir), range(self.options.dp_size))
+
     def _failed_stage(self) -> str | None:
         """A stage that exited when it should not have: any non-zero exit, or the stream worker at all
-        (the generator exits 0 when done, the shard writer once the run's last batch is written)."""
+        (the generator exits 0 when done, the shard writer once the run's last batch is written,
+        train-sim at the run's end)."""
         for name, stage in self.stages.items():
             code = stage.poll()
-            if code not in (None, 0) or (code == 0 and name not in ("generate", "shards")):
+            if code not in (None, 0) or (code == 0 and name not in ("generate", "shards", "train")):
                 return f"stage {name} exited with code {code}; last lines of {stage.log_path}:\n{stage.log_tail()}"
         return None
 
@@ -173,17 +209,25 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         run.start_stages()
         result, failure = run.watch(watcher)
         watcher.catch_up()
+        failure = failure or run.wait_for_training()
     finally:
         run.stop_stages()
     final = run.reconcile(watcher, verify=True)
+    training = run.check_training()
     window_records = [v for v in watcher.json_values(run.topics.metrics) if v.get("kind") == "window"]
     watcher.close()
     print_report(console, run, final, window_records, time.monotonic() - began)
+    if training is not None:
+        console.print(f"{training.summary()} (checkpoints: {run.train_dir.resolve()})", soft_wrap=True)
     if failure:
         console.print(f"[red]demo failed:[/red] {failure}")
         return 1
     if final is None or not final.ok:
         for problem in (final.problems() if final else ["the generator wrote no summary"]):
+            console.print(f"[red]{problem}[/red]")
+        return 1
+    if training is not None and not training.ok:
+        for problem in training.problems():
             console.print(f"[red]{problem}[/red]")
         return 1
     return 0
