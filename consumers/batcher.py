@@ -28,6 +28,9 @@ Contract:
   ``groups`` summarise every group, all-abandoned ones included. A batch with no episode
   (``Batch.empty``: every group of the range abandoned) is not written: the caller logs it and
   calls ``done``; its seq is simply absent from the output (step seqs stay ``group_index // G``).
+* ``Batch.stale`` is empty as formed; the writer's staleness net (``consumers.staleness.split_stale``)
+  moves episodes there from ``episodes``. They stay members (``members()``): their offsets are
+  released by ``done`` and their keys count as the batch's.
 * Inside a batch, members are ordered by (adapter slot, -1 for none first; adapter name;
   group_index; rollout kind and id; record key) and episodes keep their segment order.
 * ``done(batch)`` marks a batch written, dead-lettered or skipped (empty): its offsets are
@@ -58,6 +61,7 @@ from typing import Any
 from consumers.episodes import (AbandonedEpisode, Episode, GroupKey, Member, parse_abandoned, parse_episode,
                                 parse_record)
 from consumers.offset_tracker import OffsetTracker
+from consumers.staleness import StaleEpisode
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.sample import AdapterRef, Sample
 
@@ -115,14 +119,15 @@ class Batch:
     groups: tuple[GroupSummary, ...]
     partial: bool = False
     abandoned: tuple[AbandonedEpisode, ...] = ()
+    stale: tuple[StaleEpisode, ...] = ()  # dropped by the writer's staleness net (consumers.staleness)
 
     @property
     def empty(self) -> bool:
-        """No episode at all: nothing to write (every group of it was abandoned)."""
+        """No episode at all: nothing to write (every group of it was abandoned, or its episodes stale)."""
         return not self.episodes
 
     def members(self) -> tuple[Member, ...]:
-        return (*self.episodes, *self.abandoned)
+        return (*self.episodes, *self.abandoned, *(s.episode for s in self.stale))
 
     def samples(self) -> list[Sample]:
         return [segment for episode in self.episodes for segment in episode.segments]

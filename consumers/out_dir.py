@@ -11,13 +11,20 @@ Contract:
   beyond the shard list: the batching mode, the groups (with their ``episodes`` and ``abandoned``
   counts and ``complete``: a partial batch written by the end-of-run flush may hold incomplete
   groups), every episode with its rollout key, attempt and source offset, every abandoned episode
-  (``abandoned``: key, attempt, kind, reason, source, and where its record was read), and per
-  partition the offset range the batch was read from (abandoned records included). With the
-  abandoned episodes listed, a replay or a restart reaches the same decision from the log.
+  (``abandoned``: key, attempt, kind, reason, source, and where its record was read), every
+  episode the staleness net dropped (``stale``: ``consumers.staleness.StaleEpisode.as_json``) and
+  the bound it applied (``max_staleness``, null when none), the weight versions of the episodes
+  written, and per partition the offset range the batch was read from (abandoned and stale
+  records included). With the abandoned and stale episodes listed, a replay or a restart reaches
+  the same decision from the log.
 * ``written_keys(out_dir, seq)`` reads back which rollout keys (and attempts) batch ``seq`` holds,
-  as episode or abandoned, from its manifest; None when the batch is not on disk (never written,
+  as episode, abandoned or stale, from its manifest; None when the batch is not on disk (never written,
   dead-lettered, or every group of it abandoned). The writer's batcher looks up batches it no
   longer remembers with it.
+* ``write_batch(...)`` (the one write step of writer and replay) writes the shards and the
+  manifest; the manifest's ``metrics`` (``batch_metrics``) are ``compute_metrics_from_samples``
+  plus ``compute_staleness_metrics`` with step = the batch seq, over the samples written (stale
+  episodes left out).
 * ``announcement(manifest, batch_dir)`` is the rollout.shards value: the manifest plus ``dir``,
   ``manifest_path`` and ``manifest_sha256`` (of the manifest file's bytes).
   ``announced_ids(records)`` reads back which (dir, manifest_sha256) pairs were announced, so a
@@ -37,7 +44,7 @@ from typing import Any
 from consumers.batcher import Batch, GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.sample import AdapterRef
-from rollout_bus.metrics import compute_metrics_from_samples
+from rollout_bus.metrics import compute_metrics_from_samples, compute_staleness_metrics
 from rollout_bus.records import ShardAnnouncement, announcement_value, parse_announcement
 from rollout_bus.train_data import (MANIFEST_NAME, batch_path, convert_samples_to_train_data, read_manifest,
                                     split_train_data_by_dp, verify_batch, write_batch_shards)
@@ -61,7 +68,7 @@ class WrittenBatch:
         return [(e["key"], int(e["attempt"])) for e in self.manifest.get("extra", {}).get("episodes", [])]
 
     def keys(self) -> list[tuple[str, int]]:
-        """Every rollout key the batch decided on: its episodes and its abandoned episodes."""
+        """Every rollout key the batch decided on: its episodes, abandoned and stale episodes."""
         return _manifest_keys(self.manifest)
 
     def groups(self) -> list[GroupKey]:
@@ -74,7 +81,8 @@ class WrittenBatch:
 
 def _manifest_keys(manifest: dict[str, Any]) -> list[tuple[str, int]]:
     extra = manifest.get("extra") or {}
-    return [(e["key"], int(e["attempt"])) for e in [*extra.get("episodes", []), *extra.get("abandoned", [])]]
+    decided = [*extra.get("episodes", []), *extra.get("abandoned", []), *extra.get("stale", [])]
+    return [(e["key"], int(e["attempt"])) for e in decided]
 
 
 def written_keys(out_dir: str | os.PathLike[str], seq: int) -> dict[str, int] | None:
@@ -138,7 +146,8 @@ def batch_sources(batch: Batch, topic: str) -> list[dict[str, Any]]:
             for p, o in sorted(by_partition.items())]
 
 
-def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[str, Any]:
+def manifest_extra(batch: Batch, *, batching: str, normalization: str,
+                   max_staleness: int | None = None) -> dict[str, Any]:
     """Everything a reader needs to trace the batch back to its episodes."""
     return {
         "batching": batching,
@@ -149,6 +158,8 @@ def manifest_extra(batch: Batch, *, batching: str, normalization: str) -> dict[s
         "episodes": [{"key": e.key, "attempt": e.attempt, "partition": e.partition, "offset": e.offset,
                       "segments": len(e.segments)} for e in batch.episodes],
         "abandoned": [a.as_json() for a in batch.abandoned],
+        "max_staleness": max_staleness,
+        "stale": [s.as_json() for s in batch.stale],
         # the policy versions the batch's samples were generated with (a trainer's staleness check)
         "weight_versions": sorted({v for e in batch.episodes for s in e.segments for v in s.weight_versions}),
     }
@@ -175,9 +186,16 @@ def convert_batch(batch: Batch, *, dp_size: int, normalization: str) -> tuple[li
     return samples, split_train_data_by_dp(data, dp_size)
 
 
+def batch_metrics(samples: list, seq: int) -> dict[str, Any]:
+    """The manifest's (and rollout.metrics') metrics: section 6's, plus staleness with step = the batch seq
+    (the trainer trains the batches in seq order; in arrival mode too, where no net drops anything)."""
+    return compute_metrics_from_samples(samples) | compute_staleness_metrics(samples, seq)
+
+
 def write_batch(out_dir: Path, batch: Batch, samples: list, ranks: list[dict[str, Any]], *, topic: str,
-                batching: str, normalization: str) -> dict[str, Any]:
+                batching: str, normalization: str, max_staleness: int | None = None) -> dict[str, Any]:
     """Write a converted batch's shards and manifest (atomic, sha256); the one write step of writer and replay."""
-    return write_batch_shards(out_dir, batch.seq, ranks, metrics=compute_metrics_from_samples(samples),
+    return write_batch_shards(out_dir, batch.seq, ranks, metrics=batch_metrics(samples, batch.seq),
                               sources=batch_sources(batch, topic),
-                              extra=manifest_extra(batch, batching=batching, normalization=normalization))
+                              extra=manifest_extra(batch, batching=batching, normalization=normalization,
+                                                   max_staleness=max_staleness))

@@ -22,6 +22,14 @@ Contract (PIPELINE.md, consumers/):
   A dead-letter copy the producer or broker refuses for its size goes by reference instead: same
   key and headers, value null, kind ``too_large``, the reason giving the original's size and
   ``dlq.source``. Never fatal.
+* Staleness net (``max_staleness`` set, step batching): before a due batch ``k`` is converted, an
+  episode whose oldest weight version is below ``k - max_staleness`` goes to the DLQ (kind
+  ``stale``, the reason naming the episode, its oldest version, the batch and the bound) and the
+  batch is written without it; its manifest lists it (``extra.stale``), so a restart or a replay
+  reaches the same decision (``consumers.staleness``). Counted in ``WriterStats.stale``. A batch
+  left with no episode is skipped as empty. Arrival batching has no net (no step identity: see
+  ``consumers.staleness``); the bound is then ignored, with a warning. The batch metrics carry
+  ``staleness/{mean,max,oldest}`` with step = the batch seq in both modes (``out_dir.batch_metrics``).
 * A due batch is converted with ``convert_samples_to_train_data``. If that fails (the whole-batch
   sampling-mask check, or any other contract check), every episode of the batch goes to the DLQ,
   one dead letter each, with the original record, the error (position, sample_index, status) and
@@ -74,6 +82,7 @@ from consumers.delivery import Outbox, Outgoing
 from consumers.end_of_run import EndOfRunTracker
 from consumers.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from consumers.out_dir import announced_ids, announcement, convert_batch, scan_out_dir, write_batch, written_keys
+from consumers.staleness import split_stale
 from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
@@ -107,6 +116,7 @@ class WriterStats:
     records: int = 0
     episodes: int = 0
     abandoned: int = 0
+    stale: int = 0
     duplicates: int = 0
     dead_letters: int = 0
     dead_letters_by_reference: int = 0
@@ -140,6 +150,7 @@ class WriterOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     written_memory: int = DEFAULT_WRITTEN_MEMORY
     idle_s: float = DEFAULT_IDLE_S
+    max_staleness: int | None = None  # the staleness net (step batching only); None: no net
 
 
 class ShardWriter:
@@ -162,6 +173,10 @@ class ShardWriter:
         self._producer: KafkaProducer | None = None
         self._outbox: Outbox | None = None
         self._consumer: KafkaConsumer | None = None
+        self._max_staleness = options.max_staleness if options.batching == "step" else None
+        if options.max_staleness is not None and options.batching != "step":
+            logger.warning("max_staleness=%d ignored: arrival batching has no step identity to judge staleness by",
+                           options.max_staleness)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,28 +415,40 @@ class ShardWriter:
 
     def _write(self, batch: Batch) -> None:
         """Check, convert, split and write one batch, then announce it; failures go to the DLQ."""
-        if batch.empty:
-            logger.info("batch=%d not written: every group of it was abandoned (abandoned=%d, groups=%d)",
-                        batch.seq, len(batch.abandoned), len(batch.groups))
-            self._skipped(BatchSkipped(batch.seq, "empty", f"every group of it was abandoned "
-                                                           f"({len(batch.abandoned)} abandoned episodes)"))
-            self._batcher.done(batch)
-            self.stats.batches_skipped += 1
-            return
         try:
-            samples, ranks = convert_batch(batch, dp_size=self.options.dp_size,
-                                           normalization=self.options.normalization)
+            batch = self._drop_stale(batch)
+            samples, ranks = (None, None) if batch.empty else convert_batch(
+                batch, dp_size=self.options.dp_size, normalization=self.options.normalization)
         except ContractError as exc:
             self._dead_letter_batch(batch, exc)
             return
+        if batch.empty:
+            why = "abandoned or stale" if batch.stale else "abandoned"
+            logger.info("batch=%d not written: every episode of it was %s (abandoned=%d, stale=%d, groups=%d)",
+                        batch.seq, why, len(batch.abandoned), len(batch.stale), len(batch.groups))
+            self._skipped(BatchSkipped(batch.seq, "empty", f"every episode of it was {why} ({len(batch.abandoned)} "
+                                                           f"abandoned, {len(batch.stale)} stale episodes)"))
+            self._batcher.done(batch)
+            self.stats.batches_skipped += 1
+            return
         manifest = write_batch(self.options.out_dir, batch, samples, ranks, topic=self.topics.episodes,
-                               batching=self.options.batching, normalization=self.options.normalization)
+                               batching=self.options.batching, normalization=self.options.normalization,
+                               max_staleness=self._max_staleness)
         directory = batch_path(self.options.out_dir, batch.seq)
         self._announce(batch.seq, manifest, directory)
         self._batcher.done(batch)
         self.stats.batches_written += 1
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
+
+    def _drop_stale(self, batch: Batch) -> Batch:
+        """The staleness net: stale episodes to the DLQ, the batch without them (listed in ``stale``)."""
+        batch = split_stale(batch, self._max_staleness)
+        for entry in batch.stale:
+            e = entry.episode
+            self._dead_letter(e.key.encode(), e.value, e.headers, e.partition, e.offset, entry.reason, "stale")
+        self.stats.stale += len(batch.stale)
+        return batch
 
     def _dead_letter_batch(self, batch: Batch, exc: ContractError) -> None:
         """Every episode of a rejected batch is findable in the DLQ with the batch's reason."""

@@ -25,6 +25,26 @@ Contract (loggers prefix every key with ``rollout/``):
   rows / rows), and ``weight_version/{mean,median,max,min}`` over the samples whose
   ``oldest_weight_version`` is not None (omitted when none is). For an empty batch only the
   training-sample part is returned: the per-row statistics have no value to report.
+* ``compute_staleness_metrics(samples, step)``: how many trainer steps behind the policy that
+  generated a batch is, for a batch that trains at trainer step ``step`` (step batching: batch
+  ``k`` at step ``k``; the trainer publishes weight version ``k + 1`` after it). A token's staleness
+  is ``step - version``. ``staleness/mean`` and ``staleness/max`` are token-weighted over the
+  trainable response tokens (``loss_mask`` non-zero; ``None`` = all; ``remove_sample`` rows train
+  on nothing and count none): a token's version is its ``rollout_token_versions`` entry when the
+  sample has that array (entries < 0, tokens the model did not generate, are skipped), else the
+  sample's ``oldest_weight_version`` for every token. ``staleness/oldest`` is ``step`` minus the
+  oldest version in the batch, ``sample_oldest_version`` over every sample (removed ones and
+  untrained tokens included): what the shard writer's safety net judges, so after it
+  ``staleness/oldest <= max_staleness``. Scoped as the length metrics: with any adapter in the
+  batch only ``adapter/{name}/staleness/...``. A scope with no trainable versioned token has no
+  mean/max; one with no version at all has no key. Values are floats (negative when a version is
+  ahead of ``step``); the mean is an exact integer sum divided once. Empty input -> ``{}``.
+  Not part of ``compute_metrics_from_samples`` (it needs the step): the shard writer adds it with
+  step = the batch seq.
+* ``sample_oldest_version(sample)``: the smallest ``rollout_token_versions`` entry >= 0 when the
+  sample has the array and any such entry, else ``oldest_weight_version`` (None: no numeric
+  version). ``rollout_token_versions`` is read with ``getattr`` (None when absent), must be 1-D
+  integers of ``response_length`` entries, else ``ContractError``.
 * ``EpisodeStats`` (from ``rollout_bus.episode_stats``) accumulates the episode-length and reward
   keys over a stream window and returns exactly what these functions return for the same samples.
 
@@ -61,9 +81,11 @@ __all__ = [
     "EpisodeStats",
     "compute_episode_response_length_metrics",
     "compute_metrics_from_samples",
+    "compute_staleness_metrics",
     "compute_statistics",
     "compute_training_sample_metrics",
     "get_rollout_key",
+    "sample_oldest_version",
 ]
 
 
@@ -132,6 +154,98 @@ def compute_metrics_from_samples(samples: Iterable[Sample]) -> dict[str, float |
     if versions:
         result |= _prefixed(compute_statistics(versions), "weight_version/")
     return result
+
+
+def token_versions(sample: Sample) -> np.ndarray | None:
+    """The sample's ``rollout_token_versions`` as int64 (one per response token), or None without them."""
+    versions = getattr(sample, "rollout_token_versions", None)
+    if versions is None:
+        return None
+    array = np.asarray(versions)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise ContractError(must_be("rollout_token_versions", "a flat sequence of integers",
+                                    f"shape {array.shape}, dtype {array.dtype}", where=sample._where()))
+    if array.size != int(sample.response_length):
+        raise ContractError(must_be("len(rollout_token_versions)", f"response_length={sample.response_length}",
+                                    array.size, where=sample._where()))
+    return array.astype(np.int64)
+
+
+def sample_oldest_version(sample: Sample) -> int | None:
+    """The oldest policy version behind the sample's response (see the module docstring)."""
+    versions = token_versions(sample)
+    if versions is not None:
+        generated = versions[versions >= 0]
+        if generated.size:
+            return int(generated.min())
+    return sample.oldest_weight_version
+
+
+def _trainable_versions(sample: Sample) -> np.ndarray:
+    """The version of each trainable response token the sample has a version for (int64)."""
+    length = int(sample.response_length)
+    if sample.remove_sample:
+        return np.zeros(0, np.int64)
+    if sample.loss_mask is None:
+        trainable = np.ones(length, bool)
+    else:
+        trainable = np.asarray(sample.loss_mask) != 0
+        if trainable.shape != (length,):
+            raise ContractError(must_be("len(loss_mask)", f"response_length={length}", trainable.size,
+                                        where=sample._where()))
+    versions = token_versions(sample)
+    if versions is not None:
+        chosen = versions[trainable]
+        return chosen[chosen >= 0]
+    oldest = sample.oldest_weight_version
+    return np.zeros(0, np.int64) if oldest is None else np.full(int(trainable.sum()), oldest, np.int64)
+
+
+class _StalenessTally:
+    """One scope's token staleness (exact sum, count, max) and oldest version."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.total = 0
+        self.max: int | None = None
+        self.oldest: int | None = None
+
+    def add(self, sample: Sample, step: int) -> None:
+        oldest = sample_oldest_version(sample)
+        if oldest is not None:
+            self.oldest = oldest if self.oldest is None else min(self.oldest, oldest)
+        staleness = step - _trainable_versions(sample)
+        if staleness.size:
+            self.tokens += int(staleness.size)
+            self.total += int(staleness.sum())
+            top = int(staleness.max())
+            self.max = top if self.max is None else max(self.max, top)
+
+    def metrics(self, prefix: str, step: int) -> dict[str, float]:
+        result: dict[str, float] = {}
+        if self.tokens:
+            result[f"{prefix}staleness/mean"] = self.total / self.tokens
+            result[f"{prefix}staleness/max"] = float(self.max)
+        if self.oldest is not None:
+            result[f"{prefix}staleness/oldest"] = float(step - self.oldest)
+        return result
+
+
+def compute_staleness_metrics(samples: Iterable[Sample], step: int) -> dict[str, float]:
+    """Token-weighted staleness of a batch trained at trainer step ``step`` (see the module docstring)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise ContractError(must_be("step", "an integer (the trainer step the batch trains at)", step))
+    step = int(step)
+    tallies: dict[Scope, _StalenessTally] = {}
+    for sample in samples:
+        tallies.setdefault(adapter_scope(sample), _StalenessTally()).add(sample, step)
+    if any(scope is not None for scope in tallies):
+        result: dict[str, float] = {}
+        for name in sorted(scope for scope in tallies if scope is not None):
+            result |= tallies[name].metrics(f"adapter/{name}/", step)
+        return result
+    tally = tallies.get(None)
+    return tally.metrics("", step) if tally is not None else {}
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:

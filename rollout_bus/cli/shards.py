@@ -2,7 +2,9 @@
 
 Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; exit 0 when the
 writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
-Broker outages never end it: the writer waits, logging one line per retry.
+Broker outages never end it: the writer waits, logging one line per retry. ``--max-staleness K``
+(or ``ROLLOUT_BUS_MAX_STALENESS``, ``ShardSettings.max_staleness``) turns on the staleness net of step
+batching (``consumers.staleness``); the progress line counts the episodes it dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def _progress_line(stats: WriterStats) -> str:
     return (f"shards: {stats.batches_written} batches written (last {stats.last_batch}), "
             f"{stats.episodes} episodes read ({stats.abandoned} abandoned), {stats.pending} pending, "
             f"{stats.duplicates} duplicates, {stats.dead_letters} dead letters"
+            + (f", {stats.stale} stale" if stats.stale else "")
             + (f", lag {stats.lag}" if stats.lag is not None else "")
             + (f", {stats.runs_ended} runs ended" if stats.runs_ended else ""))
 
@@ -45,6 +48,10 @@ def shards(
                                             help="Exit 0 once the run's end-of-run markers arrived and its last, "
                                                  "partial batch is written and committed."),
     max_batches: int | None = typer.Option(None, "--max-batches", help="Exit 0 after writing this many batches."),
+    max_staleness: int | None = typer.Option(None, "--max-staleness", metavar="K",
+                                             help="Safety net of the staleness bound (step batching): an episode "
+                                                  "whose oldest weight version is below k - K is dropped from "
+                                                  "batch k to the DLQ (kind stale). Default: no net."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Read finished episodes, form batches, write DP shards, announce them, then commit."""
@@ -53,17 +60,18 @@ def shards(
     settings = options.role_settings(
         ShardSettings, out=str(out) if out is not None else None, dp_size=dp_size, groups_per_batch=groups_per_batch,
         batching=batching, group_id=group_id, normalization=normalization, exit_when_idle=exit_when_idle or None,
-        exit_on_end_of_run=exit_on_end_of_run or None, max_batches=max_batches)
+        exit_on_end_of_run=exit_on_end_of_run or None, max_batches=max_batches, max_staleness=max_staleness)
     writer_options = WriterOptions(
         out_dir=Path(settings.out), dp_size=settings.dp_size, groups_per_batch=settings.groups_per_batch,
         batching=settings.batching, group_id=settings.group_id, normalization=settings.normalization,
         exit_when_idle=settings.exit_when_idle, exit_on_end_of_run=settings.exit_on_end_of_run,
         max_batches=settings.max_batches, max_record_bytes=kafka.max_record_bytes,
-        written_memory=settings.written_memory,
+        written_memory=settings.written_memory, max_staleness=settings.max_staleness,
     )
     console.print(f"shard writer: {kafka.topics().episodes} -> {writer_options.out_dir} "
                   f"(dp_size={settings.dp_size}, groups_per_batch={settings.groups_per_batch}, "
-                  f"batching={settings.batching})")
+                  f"batching={settings.batching}"
+                  + (f", max_staleness={settings.max_staleness}" if settings.max_staleness is not None else "") + ")")
     with console.status("shards: starting") as status:
         writer = ShardWriter(kafka.client_kwargs(), kafka.topics(), writer_options,
                              on_progress=lambda stats: status.update(_progress_line(stats)))

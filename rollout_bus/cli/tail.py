@@ -3,8 +3,11 @@
 Also ``python -m rollout_bus.cli.tail``. It reads rollout.metrics and rollout.dlq with its own
 group-less consumer (assign + seek, commits nothing), by default from the last ``--history``
 records of each partition (``--from-beginning``: all of them), and measures the lag of the stream
-worker's group on rollout.turns and the shard writer's on rollout.episodes. ``--once --json``
-prints one snapshot (``MetricsView.snapshot``) after reading up to the current end and exits.
+worker's group on rollout.turns and the shard writer's on rollout.episodes. It also shows the
+trainer's live weight version (rollout.weights; ``-`` while there is none) and the latest batch's
+staleness per adapter (``staleness/{mean,max,oldest}``: trainer steps behind, token-weighted).
+``--once --json`` prints one snapshot (``MetricsView.snapshot``, with ``trainer`` and
+``staleness``) after reading up to the current end and exits.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _clock(ms: int) -> str:
 
 
 def render(snapshot: dict[str, Any]) -> Group:
-    """The tables a person watches: windows, latest batch, dead letters, lag."""
+    """The tables a person watches: windows, latest batch, its staleness, dead letters, lag."""
     windows = Table(title="latest window per adapter", title_justify="left")
     for column in ["adapter", "from (UTC)", "episodes", "closed", *(h for _, h in WINDOW_COLUMNS)]:
         windows.add_column(column, justify="left" if column in ("adapter", "from (UTC)") else "right")
@@ -76,6 +79,7 @@ def render(snapshot: dict[str, Any]) -> Group:
         b = snapshot["batch"]
         shown = _short(b["metrics"], snapshot["adapter"])
         batch.add_row(str(b["batch"]), str(b["samples"]), *[_number(shown.get(m)) for m, _ in BATCH_COLUMNS])
+    stale = staleness_table(snapshot)
     dlq = snapshot["dlq"]
     dead = Table(title=f"dead letters ({dlq['counted']} read, {dlq['on_topic']} on the topic)", title_justify="left")
     for column in ["stage", "kind", "count"]:
@@ -88,7 +92,20 @@ def render(snapshot: dict[str, Any]) -> Group:
     for row in snapshot["lag"]:
         lag.add_row(row["group"], row["topic"], str(row["partition"]), _number(row["committed"]), str(row["end"]),
                     str(row["lag"]))
-    return Group(windows, batch, dead, lag)
+    return Group(windows, batch, stale, dead, lag)
+
+
+def staleness_table(snapshot: dict[str, Any]) -> Table:
+    """The trainer's live version and the latest batch's staleness (steps behind) per adapter."""
+    version = (snapshot.get("trainer") or {}).get("weight_version")
+    seq = snapshot["batch"]["batch"] if snapshot.get("batch") is not None else None
+    title = f"trainer weight version {_number(version)}; staleness of batch {_number(seq)} (steps behind)"
+    table = Table(title=title, title_justify="left", min_width=len(title))
+    for column in ["adapter", "mean", "max", "oldest"]:
+        table.add_column(column, justify="left" if column == "adapter" else "right")
+    for row in snapshot.get("staleness") or []:
+        table.add_row(str(row["adapter"] or "-"), *[_number(row[k]) for k in ("mean", "max", "oldest")])
+    return table
 
 
 def tail(

@@ -7,7 +7,11 @@ Contract (the series compose/README.md and the Grafana dashboard read):
   ``metric_series`` (``rollout/adapter/math/episode_response_length/mean`` ->
   ``rollout_episode_response_length_mean{adapter="math"}``; unscoped keys get the record's adapter,
   ``""`` when none). A key scoped to an adapter wins over an unscoped key that names the same series.
-* ``rollout_window_episodes{adapter}`` (latest window), ``rollout_latest_batch`` (its sequence).
+  The latest batch's staleness arrives this way: ``rollout_staleness_{mean,max,oldest}{adapter,
+  kind="batch"}`` (``metrics.compute_staleness_metrics``, step = the batch seq).
+* ``rollout_window_episodes{adapter}`` (latest window), ``rollout_latest_batch`` (its sequence),
+  ``rollout_trainer_weight_version`` (the trainer's live version on rollout.weights; absent while
+  there is none: no topic, or nothing published).
 * Counters ``rollout_episodes_total{adapter}``, ``rollout_batches_total``,
   ``rollout_batch_samples_total``, ``rollout_dlq_records_total{stage, reason}`` (reason: the
   dead letter's kind), and the gauge ``rollout_consumer_lag{group, topic, partition}``.
@@ -92,6 +96,10 @@ def snapshot_families(snapshot: dict[str, Any]) -> list[Metric]:
     if snapshot["batch"] is not None:
         families.append(GaugeMetricFamily("rollout_latest_batch", "sequence of the latest batch",
                                           value=snapshot["batch"]["batch"]))
+    version = (snapshot.get("trainer") or {}).get("weight_version")
+    if version is not None:
+        families.append(GaugeMetricFamily("rollout_trainer_weight_version",
+                                          "the trainer's live weight version (rollout.weights)", value=version))
     return families
 
 

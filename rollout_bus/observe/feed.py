@@ -1,33 +1,67 @@
 """The live feed ``tail`` and the exporter share: rollout.metrics and rollout.dlq folded into a
-``MetricsView``, plus the stages' consumer-group lag, as one snapshot.
+``MetricsView``, the trainer's live weight version from rollout.weights, plus the stages'
+consumer-group lag, as one snapshot.
 
 Contract: ``MetricsFeed(conn, topics, groups, adapter=None, history=None)`` reads through a
 group-less ``TopicReader`` (``history=N``: only the last N records of each partition);
 ``catch_up()`` reads everything there is now, ``refresh()`` what arrived since, ``snapshot()``
-is the view's JSON with the lag rows of ``groups`` (``(group, topic)`` pairs) and the DLQ's total.
+is the view's JSON with the lag rows of ``groups`` (``(group, topic)`` pairs), the DLQ's total,
+and ``trainer`` (``MetricsView.snapshot``): the newest ``records.WeightVersion`` a
+``kafka.weights.WeightWatcher`` read from rollout.weights (always from its beginning: the topic is
+compacted, ``history`` does not apply). A run without rollout.weights (no trainer publishing, or
+an older run) is normal: until the topic exists (looked for again at most every
+``WEIGHTS_RECHECK_S`` on ``refresh``) or while it holds no version, ``trainer`` has None values
+and ``tail`` shows ``-``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.kafka.clients import KafkaError
 from rollout_bus.kafka.lag import LagProbe
 from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.weights import WeightWatcher
+from rollout_bus.errors import BrokerError
 from rollout_bus.observe.metrics_view import MetricsView
 from rollout_bus.topics import Topics
 
+logger = logging.getLogger(__name__)
+
+WEIGHTS_RECHECK_S = 10.0
+WEIGHTS_QUIET_MS = 200  # catch_up: rollout.weights is read once a poll this long brings nothing new
+WEIGHTS_CATCH_UP_S = 10.0  # at most (a topic holding only unreadable records never gives a version)
+
 
 class MetricsFeed:
-    """rollout.metrics and rollout.dlq folded into a view, plus lag of the stages' groups."""
+    """rollout.metrics and rollout.dlq folded into a view, the trainer's version, and lag of the stages' groups."""
 
     def __init__(self, conn: Mapping[str, Any], topics: Topics, groups: list[tuple[str, str]], *,
                  adapter: str | None = None, history: int | None = None) -> None:
-        self.topics, self.groups = topics, list(groups)
+        self.conn, self.topics, self.groups = dict(conn), topics, list(groups)
         self.view = MetricsView(adapter)
         self.reader = TopicReader(conn, [topics.metrics, topics.dlq], history=history)
         self.lag = LagProbe(conn, self.reader.consumer)
+        self.weights: WeightWatcher | None = None
+        self._weights_checked = float("-inf")
+        self._watch_weights()
+
+    def _watch_weights(self) -> WeightWatcher | None:
+        """The watcher of rollout.weights, made once the topic exists (looked for every WEIGHTS_RECHECK_S)."""
+        now = time.monotonic()
+        if self.weights is not None or now - self._weights_checked < WEIGHTS_RECHECK_S:
+            return self.weights
+        self._weights_checked = now
+        try:
+            if self.topics.weights in self.reader.consumer.topics():
+                self.weights = WeightWatcher(self.conn, self.topics)
+        except (KafkaError, BrokerError) as exc:  # MissingTopicError is a BrokerError: absent after all
+            logger.debug("no watcher of %s yet: %s", self.topics.weights, exc)
+        return self.weights
 
     def fold(self, records: dict[str, list]) -> int:
         """Add read records to the view; return how many."""
@@ -39,16 +73,34 @@ class MetricsFeed:
 
     def catch_up(self, timeout_s: float = 60.0) -> int:
         """Read everything there is now (so counters start from the topics' totals)."""
-        return self.fold(self.reader.read_to_end(timeout_s))
+        read = self.fold(self.reader.read_to_end(timeout_s))
+        weights = self._watch_weights()
+        if weights is not None and self.reader.record_counts([self.topics.weights]).get(self.topics.weights):
+            deadline = time.monotonic() + min(timeout_s, WEIGHTS_CATCH_UP_S)
+            seen = weights.latest
+            while time.monotonic() < deadline:
+                weights.refresh(timeout_ms=WEIGHTS_QUIET_MS)
+                if weights.latest is not None and weights.latest is seen:
+                    break
+                seen = weights.latest
+        return read
 
     def refresh(self, timeout_ms: int = 200) -> int:
+        weights = self._watch_weights()
+        if weights is not None:
+            weights.refresh(timeout_ms=0)
         return self.fold(self.reader.poll(timeout_ms))
 
     def snapshot(self) -> dict[str, Any]:
+        latest = self.weights.latest if self.weights is not None else None
         return self.view.snapshot(lag=[row.to_json() for row in self.lag.measure(self.groups)],
                                   dlq_records=self.reader.records_on(self.topics.dlq),
-                                  topics={"metrics": self.topics.metrics, "dlq": self.topics.dlq})
+                                  topics={"metrics": self.topics.metrics, "dlq": self.topics.dlq,
+                                          "weights": self.topics.weights},
+                                  weights=latest)
 
     def close(self) -> None:
+        if self.weights is not None:
+            self.weights.close()
         self.lag.close()
         self.reader.close()

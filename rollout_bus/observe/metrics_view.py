@@ -15,6 +15,12 @@ Contract:
   that adapter.
 * ``snapshot(...)`` is plain JSON-ready data: what ``rollout-bus tail --once --json`` prints and what
   the exporter turns into Prometheus series. Unreadable records are counted (``skipped``), never fatal.
+  ``staleness`` is ``staleness_rows`` of the latest batch's metrics; ``trainer`` is the
+  ``records.WeightVersion`` handed in as ``weights`` (``weight_version``, ``step``,
+  ``published_at``), all None when there is none (no rollout.weights, or nothing published).
+* ``staleness_rows(metrics)``: one row per scope holding ``staleness/*`` keys
+  (``metrics.compute_staleness_metrics``), ``{"adapter", "mean", "max", "oldest"}`` (None where a
+  key is missing), the unscoped row first, then adapters by name.
 * ``metric_series(name, adapter)`` is the Prometheus naming rule: ``rollout/adapter/math/x/mean``
   becomes ``("rollout_x_mean", "math")``; an unscoped key keeps the record's adapter.
 """
@@ -31,7 +37,7 @@ from typing import Any
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
-from rollout_bus.records import METRIC_PREFIX, prefixed, rollout_key_adapter
+from rollout_bus.records import METRIC_PREFIX, WeightVersion, prefixed, rollout_key_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,8 @@ Window = tuple[int, int]
 WindowId = tuple[int, int, str | None]  # start_ms, end_ms, adapter
 _ADAPTER_SCOPE = "adapter/"
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+_STALENESS = "staleness/"
+STALENESS_STATS = ("mean", "max", "oldest")
 
 
 def metric_series(name: str, adapter: str | None = None) -> tuple[str, str | None]:
@@ -48,6 +56,20 @@ def metric_series(name: str, adapter: str | None = None) -> tuple[str, str | Non
         scoped, path = path[len(_ADAPTER_SCOPE):].split("/", 1)
         adapter = scoped
     return "rollout_" + _INVALID.sub("_", path.replace("/", "_")), adapter
+
+
+def staleness_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``staleness/{mean,max,oldest}`` of each scope in a batch's metrics (see the module docstring)."""
+    rows: dict[str | None, dict[str, Any]] = {}
+    for name, value in metrics.items():
+        path = name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else name
+        adapter = None
+        if path.startswith(_ADAPTER_SCOPE) and path.count("/") >= 2:
+            adapter, path = path[len(_ADAPTER_SCOPE):].split("/", 1)
+        stat = path[len(_STALENESS):] if path.startswith(_STALENESS) else None
+        if stat in STALENESS_STATS:
+            rows.setdefault(adapter, {"adapter": adapter, **dict.fromkeys(STALENESS_STATS)})[stat] = value
+    return [rows[a] for a in sorted(rows, key=lambda a: (a is not None, a or ""))]
 
 
 @dataclass
@@ -165,7 +187,7 @@ class MetricsView:
                                                                                                i[0] or ""))]
 
     def snapshot(self, *, lag: list[dict[str, Any]] | None = None, dlq_records: int | None = None,
-                 topics: dict[str, str] | None = None) -> dict[str, Any]:
+                 topics: dict[str, str] | None = None, weights: WeightVersion | None = None) -> dict[str, Any]:
         """Everything an operator looks at, as JSON-ready data."""
         latest = self._batches[max(self._batches)] if self._batches else None
         dlq = [{"stage": stage, "kind": kind, "count": count} for (stage, kind), count in sorted(self._dlq.items())]
@@ -177,6 +199,10 @@ class MetricsView:
             "batch": latest,
             "batches": len(self._batches),
             "batch_samples": sum(b["samples"] for b in self._batches.values()),
+            "staleness": staleness_rows(latest["metrics"]) if latest is not None else [],
+            "trainer": {"weight_version": weights.version if weights is not None else None,
+                        "step": weights.step if weights is not None else None,
+                        "published_at": weights.published_at if weights is not None else None},
             "dlq": {"counted": sum(self._dlq.values()), "on_topic": dlq_records, "by_reason": dlq},  # on_topic: unfiltered
             "lag": list(lag or []),
             "skipped": self.skipped,

@@ -9,7 +9,9 @@ Contract:
   partial, and is otherwise left out (logged): metrics alone cannot be merged exactly.
 * ``fold_batches(announcements, manifests, batch_docs)`` gives one ``BatchRow`` per batch seq from
   the rollout.shards announcements and the manifests on disk (the same document; disk wins), and
-  from rollout.metrics batch records for a batch neither holds (samples only).
+  from rollout.metrics batch records for a batch neither holds (samples and staleness only). A
+  row's ``staleness`` is ``metrics_view.staleness_rows`` of its metrics (mean / max / oldest per
+  scope), shown in the batch table; empty when the batch has no staleness metrics.
 * ``fold_dead_letters(letters)`` counts dead letters by ``(stage, kind)`` with a few
   example reasons (of distinct patterns: numbers and bracketed keys blanked) and sources,
   largest count first.
@@ -35,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.observe.metrics_view import staleness_rows
 from rollout_bus.records import rollout_key_adapter
 from rollout_bus.topics import Topics
 
@@ -75,6 +78,7 @@ class BatchRow:
     episodes: int | None
     samples_by_adapter: Mapping[str | None, int]
     origin: str  # "disk", "topic" or "metrics"
+    staleness: tuple[dict[str, Any], ...] = ()  # metrics_view.staleness_rows of the batch's metrics
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,11 @@ def batch_row(manifest: Mapping[str, Any], origin: str) -> BatchRow:
                     _int_or_none(manifest.get("num_tokens")), _int_or_none(manifest.get("dp_size")),
                     extra.get("partial") if isinstance(extra.get("partial"), bool) else None,
                     len(groups) if isinstance(groups, list) else None, len(episodes) if episodes is not None else None,
-                    dict(by_adapter), origin)
+                    dict(by_adapter), origin, _staleness(manifest.get("metrics")))
+
+
+def _staleness(metrics: Any) -> tuple[dict[str, Any], ...]:
+    return tuple(staleness_rows(metrics)) if isinstance(metrics, Mapping) else ()
 
 
 def fold_batches(announcements: Iterable[Mapping[str, Any]], manifests: Iterable[Mapping[str, Any]] = (),
@@ -204,7 +212,8 @@ def fold_batches(announcements: Iterable[Mapping[str, Any]], manifests: Iterable
     for doc in batch_docs:
         if isinstance(doc, Mapping) and doc.get("kind") == "batch" and _int_or_none(doc.get("batch")) is not None:
             rows[int(doc["batch"])] = BatchRow(int(doc["batch"]), int(doc.get("samples", 0)), None, None, None, None,
-                                               None, None, {None: int(doc.get("samples", 0))}, "metrics")
+                                               None, None, {None: int(doc.get("samples", 0))}, "metrics",
+                                               _staleness(doc.get("metrics")))
     for origin, docs in (("topic", announcements), ("disk", manifests)):
         for manifest in docs:
             if isinstance(manifest, Mapping) and _int_or_none(manifest.get("seq")) is not None:
@@ -238,7 +247,9 @@ def _keep_batch(row: BatchRow, chosen: set[str]) -> BatchRow | None:
     kept = {a: n for a, n in row.samples_by_adapter.items() if a in chosen}
     if not kept and None not in row.samples_by_adapter:
         return None
-    return BatchRow(**{**row.__dict__, "samples_by_adapter": kept or dict(row.samples_by_adapter)})
+    staleness = tuple(r for r in row.staleness if r["adapter"] is None or r["adapter"] in chosen)
+    return BatchRow(**{**row.__dict__, "samples_by_adapter": kept or dict(row.samples_by_adapter),
+                       "staleness": staleness})
 
 
 def _adapters_of(windows: list[WindowPoint], batches: list[BatchRow]) -> tuple[str | None, ...]:
@@ -381,12 +392,21 @@ def _batch_section(report: Report) -> str:
     rows = [(str(b.seq), escape(", ".join(_name(a) for a in report.adapters if a in b.samples_by_adapter)),
              _num(b.samples),
              _num(b.response_tokens), _num(b.tokens), _num(b.episodes), _num(b.groups), _num(b.dp_size),
-             {True: "yes", False: "no", None: "?"}[b.partial], b.origin) for b in report.batches]
+             {True: "yes", False: "no", None: "?"}[b.partial], _staleness_cell(b), b.origin) for b in report.batches]
     charts = [bar_chart(samples, title="Samples per batch", x_label="batch seq", y_label="samples"),
               bar_chart(tokens, title="Response tokens per batch", x_label="batch seq", y_label="response tokens")]
     return "".join([*(f'<div class="panel">{chart}</div>' for chart in charts),
         _table(["batch", "adapters", "samples", "response tokens", "tokens", "episodes", "groups", "dp ranks",
-                "partial", "from"], rows, {0, 2, 3, 4, 5, 6, 7})])
+                "partial", "staleness mean / max / oldest", "from"], rows, {0, 2, 3, 4, 5, 6, 7})])
+
+
+def _staleness_cell(row: BatchRow) -> str:
+    """Trainer steps behind, per scope: ``mean / max / oldest`` (an adapter's name first when scoped)."""
+    def number(value: Any) -> str:
+        return _num(value, 2) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+    return "<br>".join(f'<span class="nowrap">{escape(r["adapter"] + ": ") if r["adapter"] is not None else ""}'
+                       f'{number(r["mean"])} / {number(r["max"])} / {number(r["oldest"])}</span>'
+                       for r in row.staleness) or "n/a"
 
 
 def _dlq_section(report: Report) -> str:

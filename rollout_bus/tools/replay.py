@@ -6,7 +6,9 @@ Contract:
   (``kafka.reader.open_reader``: no group, no commits, nothing published) up to the end offsets at
   start (``to``: exclusive, for every range), and rebuilds batches into ``out_dir`` with the shard
   writer's own code: ``consumers.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
-  (consumers.out_dir) are the writer's own convert, DP split and write steps.
+  (consumers.out_dir) are the writer's own convert, DP split and write steps, and
+  ``consumers.staleness.split_stale`` its staleness net, with the ``max_staleness`` its manifests
+  record (step batching).
   All ranges must be of one topic, ``rollout.episodes`` or ``rollout.turns`` (prefixed or not).
 * From rollout.turns, episodes are first re-merged offline by the stream stage's own per-record
   logic (``streams.processor.TurnProcessor`` over an in-memory table: the same duplicate,
@@ -49,6 +51,7 @@ from typing import Any
 from consumers.batcher import BATCHING_MODES, Batch, Batcher, Outcome
 from consumers.episodes import EndOfRunMarker, Episode, Member, parse_record
 from consumers.out_dir import convert_batch, write_batch
+from consumers.staleness import split_stale
 from rollout_bus.config import ShardSettings
 from rollout_bus.dead_letter import source_of
 from rollout_bus.errors import ConfigError, ContractError, MissingTopicError, must_be
@@ -79,6 +82,7 @@ class ReplaySettings:
     normalization: str
     sources: dict[str, str]
     warnings: tuple[str, ...] = ()
+    max_staleness: int | None = None  # the writer's staleness net, as its manifests record it
 
 
 @dataclass(frozen=True)
@@ -202,8 +206,9 @@ def settle_settings(flags: Mapping[str, Any], manifests: Mapping[int, dict[str, 
     for name in ("dp_size", "groups_per_batch"):
         if isinstance(values[name], bool) or not isinstance(values[name], int) or values[name] < 1:
             raise ConfigError(must_be(name, "an integer >= 1", values[name]))
+    max_staleness = next(((m.get("extra") or {}).get("max_staleness") for _, m in sorted(manifests.items())), None)
     return ReplaySettings(values["batching"], values["dp_size"], values["groups_per_batch"], values["normalization"],
-                          sources, tuple(warnings))
+                          sources, tuple(warnings), max_staleness if values["batching"] == "step" else None)
 
 
 # ---------------------------------------------------------------------------- episodes from records
@@ -292,9 +297,10 @@ class _Rebuilder:
         self.reports: list[BatchReport] = []
 
     def batch(self, batch: Batch, *, leftover: bool) -> None:
-        if batch.empty:  # every group abandoned: the writer writes no batch either
-            logger.info("batch=%d: every group abandoned (abandoned=%d): not written", batch.seq,
-                        len(batch.abandoned))
+        batch = split_stale(batch, self.settings.max_staleness)  # the writer's net, as its manifests say
+        if batch.empty:  # every group abandoned (or stale): the writer writes no batch either
+            logger.info("batch=%d: every episode abandoned or stale (abandoned=%d, stale=%d): not written",
+                        batch.seq, len(batch.abandoned), len(batch.stale))
             return
         expected = self.manifests.get(batch.seq)
         mine = {(e.key, e.attempt) for e in batch.episodes}
@@ -314,7 +320,7 @@ class _Rebuilder:
         try:
             samples, ranks = convert_batch(batch, dp_size=s.dp_size, normalization=s.normalization)
             manifest = write_batch(self.out_dir, batch, samples, ranks, topic=self.topic, batching=s.batching,
-                                   normalization=s.normalization)
+                                   normalization=s.normalization, max_staleness=s.max_staleness)
         except ContractError as exc:
             report.status, report.detail = "dead-lettered", f"the whole-batch check refuses it: {exc}"
             return

@@ -12,13 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.episode_stats import EpisodeStats
-from rollout_bus.records import batch_metrics_record, window_metrics_record
+from rollout_bus.records import WEIGHTS_KEY, WeightVersion, batch_metrics_record, window_metrics_record
 from rollout_bus.sample import AdapterRef, Sample, Status
 from tests.integration.pipeline_harness import run_pipeline
 
@@ -54,8 +54,12 @@ def _publish_run(kwargs: dict, topics) -> None:
         producer.send(topics.metrics, key=b"window:60000-120000", value=value)
     for seq in (0, 1, 1):  # batch 1 announced twice, as after a writer killed between announcements
         producer.send(topics.metrics, key=str(seq).encode(),
-                      value=batch_metrics_record(seq, {"response_len/mean": 10.0 + seq}, samples=8,
+                      value=batch_metrics_record(seq, {"response_len/mean": 10.0 + seq,
+                                                       "adapter/math/staleness/mean": 0.5 + seq,
+                                                       "adapter/math/staleness/max": 1.0 + seq}, samples=8,
                                                  manifest_path=f"/out/batch-{seq}/manifest.json"))
+    for version in (1, 2):  # the trainer's live version: 2
+        producer.send(topics.weights, key=WEIGHTS_KEY, value=WeightVersion(version, version - 1, 1).value())
     for letter in [_dead_letter("stream", "decode", "math"), _dead_letter("stream", "decode", "code"),
                    _dead_letter("shards", "mask-check", "math")]:
         producer.send(topics.dlq, key=letter.key, value=letter.value, headers=letter.record_headers())
@@ -94,6 +98,8 @@ def test_tail_once_json_merges_window_partials_and_counts_batches_dead_letters_a
     assert lag[(STREAM_GROUP, topics.turns, 0)]["lag"] == 3 and lag[(STREAM_GROUP, topics.turns, 0)]["end"] == 10
     assert lag[(SHARDS_GROUP, topics.episodes, 0)] == {"group": SHARDS_GROUP, "topic": topics.episodes,
                                                        "partition": 0, "committed": None, "end": 0, "lag": 0}
+    assert snapshot["trainer"]["weight_version"] == 2 and snapshot["trainer"]["step"] == 1
+    assert snapshot["staleness"] == [{"adapter": "math", "mean": 1.5, "max": 2.0, "oldest": None}]
 
     only_math = _tail_once(client_kwargs, topics, "--adapter", "math")
     assert [w["adapter"] for w in only_math["windows"]] == ["math"] and only_math["dlq"]["counted"] == 2
@@ -101,6 +107,29 @@ def test_tail_once_json_merges_window_partials_and_counts_batches_dead_letters_a
     # the last 2 records of each partition: batch 1 (twice) on rollout.metrics, the last 2 dead letters
     assert recent["windows"] == [] and recent["batches"] == 1 and recent["dlq"]["counted"] == 2
     assert recent["dlq"]["on_topic"] == 3
+
+
+def test_tail_shows_a_dash_for_the_trainer_version_when_rollout_weights_does_not_exist(client_kwargs, topics):
+    _publish_run(client_kwargs, topics)
+    admin = KafkaAdminClient(**client_kwargs)
+    try:
+        admin.delete_topics([topics.weights])
+    finally:
+        admin.close()
+    consumer, deadline = KafkaConsumer(**client_kwargs), time.monotonic() + 30
+    try:
+        while topics.weights in consumer.topics():
+            assert time.monotonic() < deadline, "the topic was not deleted"
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+    snapshot = _tail_once(client_kwargs, topics)
+    assert snapshot["trainer"] == {"weight_version": None, "step": None, "published_at": None}
+    assert snapshot["batches"] == 2
+    done = subprocess.run(_cli("tail", client_kwargs, topics, "--once"), capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert "trainer weight version -; staleness of batch 1" in done.stdout
 
 
 def test_tail_without_a_terminal_prints_a_snapshot_every_interval_instead_of_drawing_nothing(client_kwargs, topics):
@@ -159,6 +188,8 @@ def test_the_exporter_serves_metrics_counters_and_lag_and_keeps_its_counts_acros
         assert series['rollout_episode_response_length_max{adapter="math",kind="window"}'] == 9.0
         assert series['rollout_episode_response_length_mean{adapter="code",kind="window"}'] == 4.0
         assert series['rollout_response_len_mean{adapter="",kind="batch"}'] == 11.0
+        assert series['rollout_staleness_max{adapter="math",kind="batch"}'] == 2.0
+        assert series["rollout_trainer_weight_version"] == 2.0
         assert series['rollout_episodes_total{adapter="math"}'] == 3.0 and series["rollout_batches_total"] == 2.0
         assert series['rollout_dlq_records_total{reason="decode",stage="stream"}'] == 2.0
         assert series[f'rollout_consumer_lag{{group="{STREAM_GROUP}",partition="0",topic="{topics.turns}"}}'] == 3.0
