@@ -30,6 +30,8 @@ Contract:
   with its checkpoint after training a batch, and ``load_state_dict`` in a new process starts the
   feed at ``next_seq``: no batch is lost and none is trained twice relative to the checkpoint.
   Loading a state of another rank, DP size or topic is a ``ConfigError``.
+* ``publish_version(version, step)`` closes the loop: the trainer's new live weights go to
+  rollout.weights (``kafka.weights.WeightPublisher``), where generators read them.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from typing import Any
 
 from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError, must_be
 from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.weights import WeightPublisher
 from rollout_bus.records import (CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, BatchesEnded, BatchSkipped,
-                                 ShardAnnouncement, control_kind, parse_announcement)
+                                 ShardAnnouncement, WeightVersion, control_kind, parse_announcement)
 from rollout_bus.shards import ShardSample, ShardView, load_shard
 from rollout_bus.topics import Topics
 
@@ -97,7 +100,9 @@ class ShardFeed:
             raise ConfigError(must_be("start", "None or a batch seq >= 0", start))
         self.rank, self.dp_size, self.timeout_s = rank, dp_size, float(timeout_s)
         self.shards_root = Path(shards_root) if shards_root is not None else None
-        self.topic = Topics(prefix=topic_prefix).shards
+        self.topics = Topics(prefix=topic_prefix)
+        self.topic = self.topics.shards
+        self._publisher: WeightPublisher | None = None
         self._conn = {"bootstrap_servers": bootstrap_servers, **kafka}
         self._next: int | None = start
         self._reader: TopicReader | None = None
@@ -218,10 +223,22 @@ class ShardFeed:
                                 f"the manifest says {entry.get('bytes')} bytes, sha256 {entry.get('sha256')}")
         return TrainBatch(seq, self.rank, self.dp_size, path, load_shard(path), manifest)
 
+    # ------------------------------------------------------------------ the loop back to the generators
+
+    def publish_version(self, version: int, step: int) -> WeightVersion:
+        """Say on rollout.weights that the trainer's weights at ``version`` are live, after optimizer
+        step ``step`` (after training batch k: version k + 1, step k). One rank publishes."""
+        if self._publisher is None:
+            self._publisher = WeightPublisher(self._conn, self.topics)
+        return self._publisher.publish(version, step)
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
 
     def __enter__(self) -> "ShardFeed":
         return self

@@ -31,6 +31,9 @@ def demo(
     timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
     train: bool = typer.Option(False, "--train", help="Also run train-sim on the shards (every rank) and check that "
                                                       "every written batch is trained exactly once per rank."),
+    max_staleness: int | None = typer.Option(None, "--max-staleness", min=0,
+                                             help="With --train: close the loop. Generators start a group of batch "
+                                                  "k only once the trainer's weights are at version k - K."),
     port: int = options.PORT,
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
@@ -40,11 +43,16 @@ def demo(
     With --train, train-sim (a fourth process) trains on the shards; then also only when it trained
     every written batch exactly once per rank, in seq order.
     """
+    if max_staleness is not None and not train:
+        console.print("[red]error:[/red] --max-staleness needs --train: without a trainer no weight version is "
+                      "published, and the generator would wait for ever")
+        raise typer.Exit(2)
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
     run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
                               n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
-                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train)
+                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
+                              max_staleness=max_staleness)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

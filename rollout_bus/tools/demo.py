@@ -30,7 +30,7 @@ from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.tools.processes import StageProcess
-from rollout_bus.tools.train_sim import TrainingCheck, read_trained, reconcile_training
+from rollout_bus.tools.train_sim import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
@@ -51,6 +51,8 @@ class DemoOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # the stages read ROLLOUT_BUS_MAX_RECORD_BYTES themselves
     generator_args: list[str] = field(default_factory=list)
     train: bool = False  # also run train-sim on the shards, and check every batch was trained once per rank
+    # the closed loop (needs ``train``): generators wait for the trainer's weights, K steps at most behind
+    max_staleness: int | None = None
 
 
 def _expected_batches(options: DemoOptions) -> int:
@@ -86,7 +88,8 @@ class DemoRun:
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
-            "--exit-on-end-of-run"], logs / "shards.log")
+            "--exit-on-end-of-run", *(["--max-staleness", str(o.max_staleness)] if o.max_staleness is not None else [])],
+            logs / "shards.log")
         if o.train:
             self.stages["train"] = StageProcess("train", "train_sim", [
                 *self._common(), "--ranks", "all", "--dp-size", str(o.dp_size), "--checkpoint-dir",
@@ -96,7 +99,9 @@ class DemoRun:
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
                     "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
                     *(["--adapters", o.adapters] if o.adapters else []),
-                    *(["--inject-faults"] if o.inject_faults else []), *o.generator_args]
+                    *(["--inject-faults"] if o.inject_faults else []),
+                    *(["--max-staleness", str(o.max_staleness), "--groups-per-batch", str(o.groups_per_batch)]
+                      if o.max_staleness is not None else []), *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
 
     def restart(self, name: str) -> StageProcess:
@@ -230,6 +235,13 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         for problem in training.problems():
             console.print(f"[red]{problem}[/red]")
         return 1
+    if options.max_staleness is not None:
+        problems, worst = staleness_problems(written_batches(run.out / "shards").values(), options.max_staleness)
+        console.print(f"staleness: at most {worst} steps (bound {options.max_staleness}) over "
+                      f"{len(written_batches(run.out / 'shards'))} batches; generators waited on rollout.weights")
+        for problem in problems:
+            console.print(f"[red]{problem}[/red]")
+        return 1 if problems else 0
     return 0
 
 

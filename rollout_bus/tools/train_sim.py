@@ -15,7 +15,9 @@ Contract:
   full-vocabulary ``log_softmax``; advantages are each sample's ``rewards`` broadcast over its
   response tokens; the rollout log-probs are the shard's, or the new ones detached when it has
   none), back-propagates ``loss_rank / len(ranks)`` (a simulated all-reduce: the summed gradient)
-  and takes one Adam step. It logs one ``trained seq=...`` line per step and ends when the feeds
+  and takes one Adam step; then (``publish_weights``, on by default) it publishes weights version
+  ``seq + 1`` on rollout.weights, which generators following the weights stamp their turns with
+  and bound their staleness by. It logs one ``trained seq=...`` line per step and ends when the feeds
   reach the run's end, or once ``max_batches`` batches (counted over the whole training, resumed
   ones included) are trained.
 * Checkpoints every ``checkpoint_every`` trained batches (counted from the start of training, so a
@@ -28,6 +30,8 @@ Contract:
   it; a checkpoint of another model shape, ranks, DP size or topic is a ``ConfigError``. Training is
   deterministic given the checkpoint, so a run killed between checkpoints and restarted ends with
   the same trained seqs and the same losses as an undisturbed one.
+* ``staleness_problems(manifests, max_staleness)``: the closed loop's check of a run: no batch
+  metric ``staleness/max`` or ``staleness/oldest`` above the bound, no episode dead-lettered stale.
 * ``reconcile_training(written_seqs, rows, ranks)`` checks a finished run: every written seq
   trained exactly once per rank, in seq order, and nothing else; ``read_trained(checkpoint_dir)``
   reads ``trained.jsonl``.
@@ -82,6 +86,7 @@ class TrainSimOptions:
     max_batches: int | None = None
     step_delay_s: float = 0.0  # a pause after each step: slows the trainer down for drills and demos
     torch_threads: int = 1  # 0: torch's default
+    publish_weights: bool = True  # after training batch k, version k + 1 goes to rollout.weights
 
     def check(self) -> None:
         if not self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -303,6 +308,8 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
                 break
             seq = batches[0].seq
             rows = train_step(state, batches)
+            if options.publish_weights:  # the new weights are live: generators may start the next batches
+                feeds[options.ranks[0]].publish_version(seq + 1, seq)
             state.trained.append(seq)
             state.history.extend(rows)
             log.info(_step_line(seq, rows, batches[0].metrics))
@@ -396,3 +403,24 @@ def reconcile_training(written_seqs: Iterable[int], rows: Iterable[Mapping[str, 
         check.final_loss = _mean_loss([dict(r) for r in rows], check.last_seq)
     return check
 
+
+
+def staleness_problems(manifests: Iterable[Mapping[str, Any]], max_staleness: int) -> tuple[list[str], int]:
+    """The closed loop's check over written batches: no trained token more than ``max_staleness``
+    steps stale (every ``staleness/max`` and ``staleness/oldest`` batch metric, adapter-scoped ones
+    included), and no episode the shard writer's net dead-lettered as stale (which happens only when a
+    generator ignored the bound). Returns the problems and the largest staleness seen."""
+    problems, worst = [], 0
+    for manifest in manifests:
+        seq, metrics = manifest.get("seq"), manifest.get("metrics") or {}
+        found = {k: v for k, v in metrics.items() if k.endswith(("staleness/max", "staleness/oldest"))
+                 and isinstance(v, (int, float))}
+        if not found:
+            problems.append(f"batch {seq} has no staleness metrics (its samples carry no weight version)")
+        worst = max([worst, *found.values()])
+        problems += [f"batch {seq}: {k} = {v} > max staleness {max_staleness}" for k, v in sorted(found.items())
+                     if v > max_staleness]
+        stale = (manifest.get("extra") or {}).get("stale") or []
+        if stale:
+            problems.append(f"batch {seq}: {len(stale)} episodes dead-lettered as stale (a generator ignored the bound)")
+    return problems, int(worst)

@@ -83,6 +83,7 @@ class FakeFeed:
 
     batches: dict[int, list[FakeBatch]] = {}
     crash_at: int | None = None  # raise when asked for this seq (a simulated kill)
+    published: list[tuple[int, int, int]] = []  # (rank, version, step) of every publish_version
 
     def __init__(self, bootstrap_servers: str, *, rank: int, dp_size: int, topic_prefix: str = "", **_: Any) -> None:
         self.rank, self.dp_size, self.topic = rank, dp_size, f"{topic_prefix}rollout.shards"
@@ -104,6 +105,9 @@ class FakeFeed:
         assert state["rank"] == self.rank and state["topic"] == self.topic
         self.next_seq = state["next_seq"]
 
+    def publish_version(self, version: int, step: int) -> None:
+        FakeFeed.published.append((self.rank, version, step))
+
     def close(self) -> None:
         pass
 
@@ -113,6 +117,7 @@ def fake_feeds(monkeypatch):
     FakeFeed.batches = {rank: [FakeBatch(seq, rank, _written(rank_data(100 * seq + rank), None, write=False),
                                          {"episode_raw_reward": 0.5}) for seq in range(5)] for rank in (0, 1)}
     FakeFeed.crash_at = None
+    FakeFeed.published = []
     monkeypatch.setattr(train_sim, "ShardFeed", FakeFeed)
     return FakeFeed
 
@@ -229,6 +234,8 @@ def test_the_loop_trains_every_batch_once_in_order_and_checkpoints_on_cadence(tm
     rows = read_trained(tmp_path / "a")
     assert [(r["seq"], r["rank"]) for r in rows] == [(s, r) for s in range(5) for r in (0, 1)]
     assert reconcile_training(range(5), rows, [0, 1]).ok
+    # after each step one rank says the new weights are live: version seq + 1, step seq
+    assert FakeFeed.published == [(0, seq + 1, seq) for seq in range(5)]
 
 
 def test_a_kill_between_checkpoints_repeats_exactly_the_batches_after_the_checkpoint(tmp_path, fake_feeds):
