@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.sample import Sample, Status
+from rollout_bus.sample import Sample, Status, is_version_number
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
 _FINISH_STATUS = {"length": Status.TRUNCATED, "abort": Status.ABORTED}
@@ -107,6 +107,13 @@ def append_engine_response(sample: Sample, response: Mapping, *, require_mask: b
     n = sample.response_length
     old_loss = np.ones(n, np.int64) if sample.loss_mask is None else np.asarray(sample.loss_mask, np.int64)
     old_lp = np.zeros(n, np.float64) if sample.rollout_log_probs is None else np.asarray(sample.rollout_log_probs)
+    version = meta.get("weight_version", weight_version)
+    known = sample.rollout_token_versions if n else np.empty(0, np.int64)  # per-token versions so far
+    if version is not None and is_version_number(str(version)) and known is not None:
+        sample.rollout_token_versions = np.concatenate([np.asarray(known, np.int64),
+                                                        np.full(tokens.size, int(version), np.int64)])
+    else:  # a version that is not a number (or none) makes the per-token versions unknown
+        sample.rollout_token_versions = None
     sample.tokens = np.concatenate([np.asarray(sample.tokens, dtype=np.int64), tokens])
     sample.response_length = n + int(tokens.size)
     sample.loss_mask = np.concatenate([old_loss, np.ones(tokens.size, np.int64)])
@@ -114,7 +121,6 @@ def append_engine_response(sample: Sample, response: Mapping, *, require_mask: b
     if mask is not None:
         sample.rollout_sampling_mask = mask if previous is None else RolloutSamplingMask.concatenate([previous, mask])
     sample.response += str(response.get("text", ""))
-    version = meta.get("weight_version", weight_version)
     if version is not None:
         sample.weight_versions = [*sample.weight_versions, str(version)]
     finish = meta.get("finish_reason")

@@ -84,6 +84,8 @@ _FIELDS: dict[str, _Field] = {f.name: f for f in (
     _Field("tokens", "tensor", (_Part("tokens", "I64", _I64),), nullable=False, strict=False),
     _Field("loss_mask", "tensor", (_Part("loss_mask", "U8", _U8, None, 1),), nullable=True, strict=False),  # U8: >= 0
     _Field("rollout_log_probs", "tensor", (_Part("rollout_log_probs", "F64", _F64),), nullable=True, strict=False),
+    _Field("rollout_token_versions", "tensor", (_Part("rollout_token_versions", "I64", _I64, -1),), nullable=True,
+           strict=False),
     _Field("rollout_sampling_mask", "csr", (_Part("rollout_sampling_mask.ids", "I32", _I32, 0),
                                             _Part("rollout_sampling_mask.offsets", "I64", _I64)),
            nullable=True, strict=True),

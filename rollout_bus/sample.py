@@ -28,7 +28,7 @@ import numpy as np
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
-TOKEN_ALIGNED_FIELDS = ("tokens", "loss_mask", "rollout_log_probs")
+TOKEN_ALIGNED_FIELDS = ("tokens", "loss_mask", "rollout_log_probs", "rollout_token_versions")
 _FLOAT_MAX = sys.float_info.max
 
 
@@ -111,6 +111,9 @@ class Sample:
     status: Status = Status.PENDING
     metadata: dict = field(default_factory=dict)
     adapter: AdapterRef | None = None
+    # rollout-bus's extension: per response token, the trainer weight version that generated it
+    # (int64; -1 for a token the model did not generate: tool output, observations). None: unknown.
+    rollout_token_versions: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.status, Status):
@@ -164,10 +167,14 @@ class Sample:
             raise ContractError(
                 must_be("len(tokens)", f">= response_length={rl}", len(self.tokens), where=where)
             )
-        for name in ("loss_mask", "rollout_log_probs"):
+        for name in ("loss_mask", "rollout_log_probs", "rollout_token_versions"):
             value = getattr(self, name)
             if value is not None and len(value) != rl:
                 raise ContractError(must_be(f"len({name})", f"response_length={rl}", len(value), where=where))
+        versions = self.rollout_token_versions
+        if versions is not None and len(versions) and int(np.min(np.asarray(versions, dtype=np.int64))) < -1:
+            raise ContractError(must_be("rollout_token_versions", "versions >= 0, or -1 for a token not generated",
+                                        int(np.min(np.asarray(versions, dtype=np.int64))), where=where))
         mask = self.rollout_sampling_mask
         if mask is not None:
             if not isinstance(mask, RolloutSamplingMask):
@@ -199,6 +206,8 @@ class Sample:
             self.loss_mask = self.loss_mask[:-n]
         if self.rollout_log_probs is not None:
             self.rollout_log_probs = self.rollout_log_probs[:-n]
+        if self.rollout_token_versions is not None:
+            self.rollout_token_versions = self.rollout_token_versions[:-n]
         if self.rollout_sampling_mask is not None:
             self.rollout_sampling_mask = self.rollout_sampling_mask.prefix(self.response_length)
         if tokenizer is not None:
@@ -212,6 +221,7 @@ class Sample:
         self.response_length = 0
         self.reward = None
         self.loss_mask = None
+        self.rollout_token_versions = None
         self.weight_versions = []
         self.rollout_log_probs = None
         self.rollout_sampling_mask = None

@@ -9,7 +9,8 @@ Contract:
   sees a partial file; the manifest is written last (and removed first on a rewrite), so a
   manifest on disk means the batch is complete. Leftover temporary files are removed.
 * A shard stores ragged fields flat, with zero padding (``SHARD_FIELDS``): ``tokens`` int32 +
-  ``tokens_offsets`` int64 [S+1]; ``loss_masks`` uint8 and ``rollout_log_probs`` float32 over all
+  ``tokens_offsets`` int64 [S+1]; ``loss_masks`` uint8, ``rollout_log_probs`` float32 and
+  ``rollout_token_versions`` int64 (the weight version of each token, -1 where not generated) over all
   response tokens in sample order; the sampling masks as one CSR over the shard's response tokens
   (``rollout_sampling_mask_ids`` int32, ``rollout_sampling_mask_offsets`` int64 [R+1]); per-sample
   scalars [S]. The safetensors metadata is one key, ``rollout_bus``, so headers are deterministic.
@@ -58,6 +59,7 @@ SHARD_FIELDS: tuple[tuple[str, str, str, str, bool], ...] = (
     ("response_lengths", "response_lengths", "int64", "sample", True),
     ("loss_masks", "loss_masks", "uint8", "response", True),
     ("rollout_log_probs", "rollout_log_probs", "float32", "response", False),
+    ("rollout_token_versions", "rollout_token_versions", "int64", "response", False),
     ("rewards", "rewards", "float32", "sample", True),
     ("raw_reward", "raw_rewards", "float32", "sample", True),
     ("truncated", "truncated", "uint8", "sample", True),
@@ -143,7 +145,7 @@ def _check_rank_data(rank_data: Mapping[str, Any], where: str) -> list[int]:
     for i, rl in enumerate(lengths):
         if rl < 0 or len(rank_data["tokens"][i]) < rl:
             raise ContractError(must_be(f"response_lengths[{i}]", f"in [0, len(tokens[{i}])]", rl, where=where))
-        for key in ("loss_masks", "rollout_log_probs"):
+        for key in ("loss_masks", "rollout_log_probs", "rollout_token_versions"):
             if key in rank_data and len(rank_data[key][i]) != rl:
                 raise ContractError(must_be(f"len({key}[{i}])", f"response_length={rl}", len(rank_data[key][i]),
                                             where=where))
@@ -282,6 +284,7 @@ def write_batch_shards(
         "batch": directory.name,
         "dp_size": len(entries),
         "has_rollout_log_probs": all("rollout_log_probs" in r for r in rank_datas),
+        "has_rollout_token_versions": all("rollout_token_versions" in r for r in rank_datas),
         "has_sampling_masks": all(_MASK_IDS in r for r in rank_datas),
         "num_samples": sum(e["num_samples"] for e in entries),
         "num_tokens": sum(e["num_tokens"] for e in entries),
@@ -351,6 +354,7 @@ class ShardSample:
     group_index: int
     adapter_slot: int
     rollout_sampling_mask: RolloutSamplingMask | None
+    rollout_token_versions: Any | None = None  # per response token, -1 where not generated
 
 
 def _shard_problem(path: Path, name: str, expected: str, got: Any) -> ContractError:
@@ -428,6 +432,7 @@ class ShardView:
                                                          "sample_indices", "group_indices", "adapter_slots",
                                                          "partition")}
         log_probs = t.get("rollout_log_probs")
+        versions = t.get("rollout_token_versions")
         response_start = 0
         for i, length in enumerate(lengths):
             response_end = response_start + length
@@ -445,6 +450,7 @@ class ShardView:
                 group_index=scalars["group_indices"][i],
                 adapter_slot=scalars["adapter_slots"][i],
                 rollout_sampling_mask=self._mask(response_start, response_end),
+                rollout_token_versions=None if versions is None else versions[response_start:response_end],
             )
             response_start = response_end
 

@@ -6,6 +6,8 @@ Contract:
   batch of samples into a dict of per-sample lists (``PER_SAMPLE_KEYS``). Token data are numpy
   arrays in their shard dtypes: ``tokens`` int32, ``loss_masks`` uint8 (None -> ones,
   ``remove_sample`` -> zeros), ``rollout_log_probs`` float32 (only when every sample has them),
+  ``rollout_token_versions`` int64 (per response token, -1 where not generated; only when every
+  sample has them),
   ``rollout_sampling_mask_ids`` int32 / ``..._offsets`` int64 (only when every sample has a mask:
   a batch that mixes raises ``MaskCheckError`` naming the first sample without one). An element
   that is not a ``Sample`` raises ``ContractError`` naming its position and type before any other
@@ -85,6 +87,7 @@ PER_SAMPLE_KEYS = (
     "adapter_slots",
     "loss_masks",
     "rollout_log_probs",
+    "rollout_token_versions",
     "rollout_sampling_mask_ids",
     "rollout_sampling_mask_offsets",
     "partition",
@@ -108,6 +111,7 @@ NON_METRIC_KEYS = frozenset(
         "dynamic_global_batch_size",
         "witness_ids",
         "weight_versions",
+        "rollout_token_versions",
         "metadata",
         "num_microbatches",
         "micro_batch_indices",
@@ -216,6 +220,7 @@ def convert_samples_to_train_data(
     has_masks = _check_masks_everywhere(samples)
     _validate_samples(samples)
     has_log_probs = _check_log_probs_everywhere(samples)
+    has_versions = bool(samples) and all(s.rollout_token_versions is not None for s in samples)
     raw = [_reward_value(s.reward, reward_key) for s in samples]
     data: dict[str, Any] = {
         "tokens": [_numeric_array(s.tokens, np.int32, "tokens", p) for p, s in enumerate(samples)],
@@ -232,6 +237,10 @@ def convert_samples_to_train_data(
     if has_log_probs:
         data["rollout_log_probs"] = [
             _numeric_array(s.rollout_log_probs, np.float32, "rollout_log_probs", p) for p, s in enumerate(samples)
+        ]
+    if has_versions:  # only when every sample has them (a batch mixing engines without them has none)
+        data["rollout_token_versions"] = [
+            _numeric_array(s.rollout_token_versions, np.int64, "rollout_token_versions", p) for p, s in enumerate(samples)
         ]
     if has_masks:
         arrays = [s.rollout_sampling_mask.as_arrays() for s in samples]

@@ -13,6 +13,12 @@ Contract:
   observation tokens get loss 0, log-prob 0.0 and singleton supports); ``merge_samples``
   folds a whole episode and starts a new sibling segment where a turn cannot be appended
   (the accumulated turn is not COMPLETED, the history was compacted, or a replay gap).
+* Interrupted turns: a turn ABORTED mid-response (new weights went live; the engine returned the
+  tokens so far) is continued by the next turn record, whose tokens are the aborted turn's followed
+  directly by the rest of the response: nothing is inserted between them, and the merge gives the
+  same tokens, loss mask, log-probs and masks as the uninterrupted turn would have.
+* ``rollout_token_versions`` (per response token, -1 for tokens not generated) are concatenated,
+  with -1 for the observation tokens; when any merged turn lacks them the segment has none.
 * Inputs are never mutated. Merged token data is held in numpy arrays (tokens and loss mask
   int64, log-probs float64). Every contract violation raises ``ContractError`` (a ``ValueError``).
 
@@ -45,9 +51,13 @@ def _forced_mask(token_ids: Any) -> RolloutSamplingMask:
 
 
 def append_forced_sampling_tokens(sample: Sample, token_ids: Any) -> None:
-    """Record singleton supports for tokens that were inserted, not sampled; call before extending the response."""
+    """Record singleton supports for tokens that were inserted, not sampled; call before extending the response.
+    Per-token versions, when the sample has them, get -1 for these tokens (no model generated them)."""
     mask = sample.rollout_sampling_mask
     forced = _forced_mask(token_ids)
+    if sample.rollout_token_versions is not None:
+        sample.rollout_token_versions = np.concatenate([np.asarray(sample.rollout_token_versions, np.int64),
+                                                        np.full(len(forced), -1, np.int64)])
     if mask is None:
         if sample.response_length != 0:
             raise ContractError(
@@ -117,6 +127,7 @@ class _Segment:
         self.loss_parts = [self._loss_of(first)]
         self.logprob_parts: list[np.ndarray | None] = [self._logprobs_of(first)]
         self.has_logprobs = first.rollout_log_probs is not None
+        self.version_parts: list[np.ndarray] | None = self._versions_of(first)
         self.mask: SamplingMaskBuilder | None = None
         if first.rollout_sampling_mask is not None:
             self.mask = SamplingMaskBuilder()
@@ -137,9 +148,19 @@ class _Segment:
             return None
         return np.asarray(sample.rollout_log_probs, dtype=np.float64)
 
+    @staticmethod
+    def _versions_of(sample: Sample) -> list[np.ndarray] | None:
+        if sample.rollout_token_versions is None:
+            return None
+        return [np.asarray(sample.rollout_token_versions, dtype=np.int64)]
+
     def stop_reason(self, b: Sample) -> str | None:
         """Why ``b`` must start a new segment (None: it can be merged)."""
-        if self.last.status != Status.COMPLETED:
+        if self.last.status == Status.ABORTED:  # merged only with its continuation (nothing inserted)
+            a_tokens, b_tokens = _as_tokens(self.last.tokens), _as_tokens(b.tokens)
+            if not (_continues(a_tokens, b_tokens) and b_tokens.size - a_tokens.size == b.response_length):
+                return "previous turn not completed"
+        elif self.last.status != Status.COMPLETED:
             return "previous turn not completed"
         if not _continues(_as_tokens(self.last.tokens), _as_tokens(b.tokens)):
             return "tokens compacted"
@@ -159,13 +180,20 @@ class _Segment:
             raise ContractError(must_be("b.tokens", f"a continuation of a.tokens (len {a_tokens.size})",
                                         f"len {b_tokens.size}, different prefix"))
         obs_len = b_tokens.size - a_tokens.size - b.response_length
-        if obs_len <= 0:
+        interrupted = self.last.status == Status.ABORTED  # b continues the aborted response: nothing between
+        if interrupted and obs_len != 0:
+            raise ContractError(must_be("obs_len after an ABORTED turn", "0 (its continuation adds only response "
+                                        "tokens)", obs_len))
+        if not interrupted and obs_len <= 0:
             raise ContractError(must_be("obs_len", "> 0 (len(b.tokens) - len(a.tokens) - b.response_length)", obs_len))
         observation = b_tokens[a_tokens.size : a_tokens.size + obs_len]
         self._extend_mask(b, observation)
         self.loss_parts += [np.zeros(obs_len, dtype=np.int64), self._loss_of(b)]
         self.logprob_parts += [np.zeros(obs_len, dtype=np.float64), self._logprobs_of(b)]
         self.has_logprobs = self.has_logprobs or b.rollout_log_probs is not None
+        theirs = self._versions_of(b)
+        self.version_parts = None if self.version_parts is None or theirs is None else \
+            [*self.version_parts, np.full(obs_len, -1, dtype=np.int64), *theirs]
         obs_text = self.tokenizer.decode(observation.tolist()) if self.tokenizer is not None else ""
         self.responses += [obs_text, b.response]
         self.response_length += obs_len + b.response_length
@@ -204,6 +232,7 @@ class _Segment:
             rollout_sampling_mask=self.mask.build() if self.mask is not None else None,
             remove_sample=self.first.remove_sample, status=self.last.status, metadata=self.metadata,
             adapter=self.first.adapter,
+            rollout_token_versions=np.concatenate(self.version_parts) if self.version_parts is not None else None,
         )
 
     def _filled_logprobs(self) -> list[np.ndarray]:

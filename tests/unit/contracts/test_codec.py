@@ -33,7 +33,7 @@ def make_sample(**overrides) -> Sample:
         reward=1.0, loss_mask=[1, 0, 1], weight_versions=["5", "6"], rollout_log_probs=[-0.5, 0.0, -1.25],
         rollout_sampling_mask=RolloutSamplingMask.from_mask_list([[4, 9], [5], [6, 7, 8]]),
         remove_sample=False, status=Status.COMPLETED, metadata={"turn": 1, "tools": ["calc"]},
-        adapter=AdapterRef("math", 2),
+        adapter=AdapterRef("math", 2), rollout_token_versions=[5, -1, 6],
     )
     fields.update(overrides)
     return Sample(**fields)
@@ -81,7 +81,7 @@ def test_an_empty_batch_round_trips_its_metadata():
 def test_several_samples_keep_their_own_tensors_in_order():
     a = make_sample(index=1)
     b = make_sample(index=2, tokens=[9, 8, 7, 6, 5, 4, 3], response_length=4, loss_mask=[0, 0, 1, 1],
-                    rollout_log_probs=[-1.0, -2.0, -3.0, -4.0],
+                    rollout_log_probs=[-1.0, -2.0, -3.0, -4.0], rollout_token_versions=[2, 2, 3, 3],
                     rollout_sampling_mask=RolloutSamplingMask.from_mask_list([[1], [2], [3], [4, 5]]))
     out, _ = decode_samples(encode_samples([a, b], ALL), ALL)
     assert out == [a, b]
@@ -106,6 +106,7 @@ def test_the_payload_is_plain_safetensors_with_the_contract_names():
     tensors = safetensors.numpy.load(encode_samples([make_sample()], ALL))
     assert {name: str(arr.dtype) for name, arr in tensors.items()} == {
         "tokens.0": "int64", "loss_mask.0": "uint8", "rollout_log_probs.0": "float64",
+        "rollout_token_versions.0": "int64",
         "rollout_sampling_mask.ids.0": "int32", "rollout_sampling_mask.offsets.0": "int64",
         "_samples_meta": "uint8",
     }

@@ -16,7 +16,7 @@ from rollout_bus.sampling_mask import RolloutSamplingMask
 FIELD_ORDER = [
     "group_index", "index", "rollout_id", "prompt", "tokens", "response", "response_length", "label", "reward",
     "loss_mask", "weight_versions", "rollout_log_probs", "rollout_sampling_mask", "remove_sample", "status",
-    "metadata", "adapter",
+    "metadata", "adapter", "rollout_token_versions",  # miles' fields, then rollout-bus's extension
 ]
 
 
