@@ -196,33 +196,36 @@ class Episode:
         sample = Sample(group_index=t.group_index, index=t.index, rollout_id=t.rollout_id, prompt=t.prompt,
                         label=t.label, tokens=draft.history, response_length=0, remove_sample=t.remove_sample,
                         metadata=dict(t.metadata), adapter=t.adapter, loss_mask=np.empty(0, np.int64),
-                        rollout_log_probs=np.empty(0, np.float64))
+                        rollout_log_probs=np.empty(0, np.float64), rollout_token_versions=np.empty(0, np.int64))
         for part in draft.parts:
             if isinstance(part, _Call):
-                _append_call(sample, part, str(self.version_of()))
+                _append_call(sample, part, self.version_of())
             else:
                 _append_forced(sample, part)
         sample.status = Status.TRUNCATED if draft.truncated else Status.COMPLETED
         return sample
 
 
-def _extend(sample: Sample, tokens: np.ndarray, loss: int, log_probs: np.ndarray) -> None:
+def _extend(sample: Sample, tokens: np.ndarray, loss: int, log_probs: np.ndarray, version: int | None) -> None:
     sample.tokens = np.concatenate([sample.tokens, tokens])
     sample.response_length += int(tokens.size)
     sample.loss_mask = np.concatenate([sample.loss_mask, np.full(tokens.size, loss, np.int64)])
     sample.rollout_log_probs = np.concatenate([sample.rollout_log_probs, log_probs])
+    if version is not None:  # forced tokens got their -1s from append_forced_sampling_tokens
+        sample.rollout_token_versions = np.concatenate([sample.rollout_token_versions,
+                                                        np.full(tokens.size, version, np.int64)])
 
 
-def _append_call(sample: Sample, call: _Call, version: str) -> None:
+def _append_call(sample: Sample, call: _Call, version: int) -> None:
     """An engine call's output, as an engine adapter appends it."""
     mask = call.mask.build()
     previous = sample.rollout_sampling_mask
     sample.rollout_sampling_mask = mask if previous is None else RolloutSamplingMask.concatenate([previous, mask])
-    _extend(sample, call.tokens, 1, call.log_probs)
-    sample.weight_versions.append(version)
+    _extend(sample, call.tokens, 1, call.log_probs, version)
+    sample.weight_versions.append(str(version))
 
 
 def _append_forced(sample: Sample, tokens: np.ndarray) -> None:
     """Tool output inserted into the response: not sampled, not trained on."""
     append_forced_sampling_tokens(sample, tokens)
-    _extend(sample, tokens, 0, np.zeros(tokens.size, np.float64))
+    _extend(sample, tokens, 0, np.zeros(tokens.size, np.float64), None)

@@ -40,19 +40,21 @@ import torch
 from producers.environment import ToolEnvironment
 from producers.episode import Episode, EpisodeId, TurnDraft
 from producers.faults import FaultPlan
+from producers.interruption import interruption_point, split_turn
 from producers.policy import Policy
 from producers.sampling import SamplingParams, sample_tokens
 from producers.staleness_gate import StalenessGate
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.metrics import get_rollout_key
-from rollout_bus.sample import AdapterRef, Sample
+from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.topics import rollout_key_string
 
 logger = logging.getLogger(__name__)
 
 _PROMPT_STREAM = 1 << 29
 _ENGINE_STREAM = 1 << 28
+_INTERRUPT_STREAM = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -156,13 +158,41 @@ def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) ->
             if gate is not None:
                 gate.admit(group.group_index)
             episodes = _group_episodes(settings, group, env, faults, gate)
-            round_ = 0
+            round_, shifts = 0, _TurnShifts()
             while live := [e for e in episodes if not e.done]:
                 drafts = [e.begin_turn() for e in live]
+                before = gate.current() if gate is not None else None  # the weights the turn started under
                 _run_engine(policy, params, drafts, _engine_generator(settings, group, round_))
                 for episode, draft in zip(live, drafts):
-                    yield episode.end_turn(draft)
+                    yield from shifts.emit(settings, episode, *episode.end_turn(draft), before)
                 round_ += 1
+
+
+class _TurnShifts:
+    """Interrupted turns (``interrupt_prob``): a turn whose weights changed while it was generated is
+    sent as its aborted part and its continuation (``producers.interruption``), so every later turn
+    of that attempt moves up by one."""
+
+    def __init__(self) -> None:
+        self.shift: dict[tuple[int, int], int] = {}  # (episode index, attempt) -> extra turns sent
+
+    def emit(self, settings: GenerateSettings, episode: Episode, sample: Sample, args: dict,
+             before: int | None) -> Iterator[tuple[Sample, dict]]:
+        key = (episode.ident.index, args["attempt"])
+        args = {**args, "turn": args["turn"] + self.shift.get(key, 0)}
+        after = sample.oldest_weight_version
+        if before is None or after is None or after == before or settings.interrupt_prob <= 0:
+            yield sample, args
+            return
+        rng = np.random.default_rng(episode.ident.seed_words(settings.seed, _INTERRUPT_STREAM + args["turn"]))
+        at = interruption_point(sample, rng) if rng.random() < settings.interrupt_prob else None
+        if at is None:
+            yield sample, args
+            return
+        aborted, continuation = split_turn(sample, at, before)
+        self.shift[key] = self.shift.get(key, 0) + 1
+        yield aborted, {**args, "final": False}
+        yield continuation, {**args, "turn": args["turn"] + 1}
 
 
 @dataclass
@@ -174,6 +204,7 @@ class GenerateSummary:
 
     episodes: list[tuple[str, int]] = field(default_factory=list)
     turns_sent: int = 0
+    interrupted_turns: int = 0  # turns cut by new weights (each sent as an ABORTED part and its continuation)
     bytes_sent: int = 0
     faults: list[dict] = field(default_factory=list)
     run_id: str = ""
@@ -186,6 +217,7 @@ class GenerateSummary:
     def to_json(self) -> dict:
         return {"run_id": self.run_id, "episodes": [list(e) for e in self.episodes],
                 "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent,
+                "interrupted_turns": self.interrupted_turns,
                 "bytes_sent": self.bytes_sent, "faults": self.faults,
                 "end_of_run_partitions": self.end_of_run_partitions,
                 "live_version_min": self.live_version_min, "live_version_max": self.live_version_max,
@@ -215,6 +247,7 @@ def publish_generated(settings: GenerateSettings, publisher, progress: ProgressF
     for sample, args in iter_turns(settings, gate):
         publisher.publish_turn(sample, **args)
         summary.turns_sent += 1
+        summary.interrupted_turns += sample.status is Status.ABORTED
         summary.saw(gate)
         if args["final"]:
             summary.episodes.append((rollout_key_string(get_rollout_key(sample, 0)), args["attempt"]))

@@ -34,6 +34,9 @@ def demo(
     max_staleness: int | None = typer.Option(None, "--max-staleness", min=0,
                                              help="With --train: close the loop. Generators start a group of batch "
                                                   "k only once the trainer's weights are at version k - K."),
+    interrupt_prob: float = typer.Option(0.0, "--interrupt-prob", min=0.0, max=1.0,
+                                         help="With --max-staleness: share of turns cut (an aborted part and its "
+                                              "continuation) when new weights go live while they are generated."),
     port: int = options.PORT,
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
@@ -52,7 +55,7 @@ def demo(
                               n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
                               timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
-                              max_staleness=max_staleness)
+                              max_staleness=max_staleness, interrupt_prob=interrupt_prob)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

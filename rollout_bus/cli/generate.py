@@ -182,6 +182,10 @@ def generate(
     groups_per_batch: int | None = typer.Option(None, "--groups-per-batch", min=1,
                                                 help="Prompt groups per trainer step: batch k holds group indices "
                                                      "[k*G, (k+1)*G) (default 4)."),
+    interrupt_prob: float | None = typer.Option(None, "--interrupt-prob", min=0.0, max=1.0,
+                                                help="Share of turns cut when the live weights change while they "
+                                                     "are generated: an ABORTED partial turn, then its "
+                                                     "continuation under the new version (default 0)."),
     summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
@@ -196,7 +200,8 @@ def generate(
         top_k=top_k, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
-        follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch)
+        follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
+        interrupt_prob=interrupt_prob)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     signals = StopSignals()
     try:

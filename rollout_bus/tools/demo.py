@@ -53,6 +53,7 @@ class DemoOptions:
     train: bool = False  # also run train-sim on the shards, and check every batch was trained once per rank
     # the closed loop (needs ``train``): generators wait for the trainer's weights, K steps at most behind
     max_staleness: int | None = None
+    interrupt_prob: float = 0.0  # with max_staleness: share of turns cut when the weights change under them
 
 
 def _expected_batches(options: DemoOptions) -> int:
@@ -100,8 +101,9 @@ class DemoRun:
                     "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
                     *(["--adapters", o.adapters] if o.adapters else []),
                     *(["--inject-faults"] if o.inject_faults else []),
-                    *(["--max-staleness", str(o.max_staleness), "--groups-per-batch", str(o.groups_per_batch)]
-                      if o.max_staleness is not None else []), *o.generator_args]
+                    *(["--max-staleness", str(o.max_staleness), "--groups-per-batch", str(o.groups_per_batch),
+                       "--interrupt-prob", str(o.interrupt_prob)] if o.max_staleness is not None else []),
+                    *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
 
     def restart(self, name: str) -> StageProcess:

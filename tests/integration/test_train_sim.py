@@ -107,13 +107,22 @@ def test_a_sigkill_between_checkpoints_repeats_exactly_the_batches_after_it(kafk
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in reference], rel=1e-6, abs=1e-9)
 
 
-def test_demo_train_trains_every_batch_and_exits_0(kafka_bootstrap, tmp_path):
+def test_demo_train_closes_the_loop_trains_every_batch_once_and_no_token_is_staler_than_the_bound(kafka_bootstrap,
+                                                                                                   tmp_path):
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--train", "--episodes", "16",
+    done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--train", "--episodes", "32",
+                           "--groups-per-batch", "2", "--max-staleness", "1", "--interrupt-prob", "1.0",
                            "--bootstrap-servers", kafka_bootstrap, "--out", str(out), "--timeout", "120"],
                           capture_output=True, text=True, timeout=180,
                           env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every written batch trained once per rank, in order" in done.stderr
-    seqs = sorted(int(m["seq"]) for m in written_batches(out / "shards").values())
+    assert "staleness: at most" in done.stderr and "(bound 1)" in done.stderr
+    manifests = sorted(written_batches(out / "shards").values(), key=lambda m: int(m["seq"]))
+    seqs = [int(m["seq"]) for m in manifests]
     assert seqs and seqs_by_rank(read_trained(out / "train")) == {0: seqs, 1: seqs}
+    for manifest in manifests:  # the trainer's versions reached the generator, and the bound held
+        k, versions = int(manifest["seq"]), [int(v) for v in manifest["extra"]["weight_versions"]]
+        assert versions and min(versions) >= k - 1, (k, versions)
+        assert manifest["has_rollout_token_versions"] and manifest["metrics"]["staleness/max"] <= 1
+    assert max(int(v) for m in manifests for v in m["extra"]["weight_versions"]) >= 1

@@ -333,3 +333,62 @@ def test_the_summary_names_the_live_versions_seen_and_the_waits():
     assert (doc["live_version_min"], doc["live_version_max"], doc["weight_waits"]) == (0, 2, 2)
     plain = publish_generated(small(), MemoryPublisher()).to_json()
     assert (plain["live_version_min"], plain["live_version_max"], plain["weight_waits"]) == (None, None, 0)
+
+
+# --- interrupted turns ------------------------------------------------------------------------------
+
+class TickingWatcher:
+    """The trainer publishing a new version every ``every`` looks at the weights: versions change mid-turn."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.refreshes = every, 0
+
+    @property
+    def version(self) -> int:
+        return self.refreshes // self.every
+
+    def refresh(self) -> int:
+        self.refreshes += 1
+        return self.version
+
+    def wait_for(self, min_version, **_):
+        raise AssertionError("no bound in these tests")
+
+
+def test_turns_interrupted_by_new_weights_merge_into_exactly_the_uninterrupted_episodes():
+    from rollout_bus.sample import Status
+    from rollout_bus.turns import merge_samples
+
+    settings = dict(episodes=12, tool_call_prob=0.4, max_turns=3)
+    plain = episodes_of(iter_turns(small(**settings), gated(TickingWatcher(every=5))))
+    cut = episodes_of(iter_turns(small(**settings, interrupt_prob=1.0), gated(TickingWatcher(every=5))))
+    assert plain.keys() == cut.keys()
+    interrupted = 0
+    for key, turns in cut.items():
+        assert [args["turn"] for _, args in turns] == list(range(len(turns)))  # later turns moved up
+        assert [args["final"] for _, args in turns].count(True) <= 1
+        aborted = [s for s, _ in turns if s.status == Status.ABORTED]
+        interrupted += len(aborted)
+        whole, split = merge_samples([s for s, _ in plain[key]]), merge_samples([s for s, _ in turns])
+        assert len(whole) == len(split)
+        seen = set()
+        for a, b in zip(whole, split):
+            assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.loss_mask, b.loss_mask)
+            assert np.array_equal(a.rollout_log_probs, b.rollout_log_probs)
+            assert a.rollout_sampling_mask == b.rollout_sampling_mask and a.reward == b.reward
+            assert a.response_length == b.response_length and a.status == b.status
+            versions = np.asarray(b.rollout_token_versions)
+            assert versions.size == b.response_length and set(versions[np.asarray(b.loss_mask) == 0]) <= {-1}
+            assert np.all(versions[np.asarray(b.loss_mask) == 1] >= 0)
+            seen |= set(versions[versions >= 0].tolist())
+        if aborted:  # the cut turn's two parts ran under the old and the new weights
+            assert len(seen) >= 2
+    assert interrupted > 0  # the weights changed under some turns, and each of those was cut
+
+
+def test_no_interruption_without_a_version_change_or_with_interrupt_prob_zero():
+    from rollout_bus.sample import Status
+
+    for gate, prob in ((None, 1.0), (gated(TickingWatcher(every=5)), 0.0)):
+        turns = list(iter_turns(small(episodes=8, interrupt_prob=prob), gate))
+        assert not [s for s, _ in turns if s.status == Status.ABORTED]
