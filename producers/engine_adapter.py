@@ -109,6 +109,8 @@ def append_engine_response(sample: Sample, response: Mapping, *, require_mask: b
     old_lp = np.zeros(n, np.float64) if sample.rollout_log_probs is None else np.asarray(sample.rollout_log_probs)
     version = meta.get("weight_version", weight_version)
     known = sample.rollout_token_versions if n else np.empty(0, np.int64)  # per-token versions so far
+    if known is not None and len(known) != n:  # tokens were added by hand without their versions: unknown
+        known = None
     if version is not None and is_version_number(str(version)) and known is not None:
         sample.rollout_token_versions = np.concatenate([np.asarray(known, np.int64),
                                                         np.full(tokens.size, int(version), np.int64)])

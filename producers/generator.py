@@ -130,7 +130,8 @@ def _run_engine(policy: Policy, params: SamplingParams, drafts: list[TurnDraft],
 
 
 def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvironment,
-                    faults: FaultPlan, gate: StalenessGate | None = None) -> list[Episode]:
+                    faults: FaultPlan, gate: StalenessGate | None = None,
+                    round_version: Callable[[], int] | None = None) -> list[Episode]:
     slot = group.adapter.slot + 1 if group.adapter is not None else 0
     rng = np.random.default_rng([settings.seed, slot, group.group_index, _PROMPT_STREAM])
     name = group.adapter.name if group.adapter is not None else "base"
@@ -142,7 +143,7 @@ def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvir
             episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident)))
         else:
             episodes.append(Episode(ident, settings, env, prompt, tokens, replay_gap=faults.replay_gap_for(ident),
-                                    version_of=gate.current))
+                                    version_of=round_version))
     return episodes
 
 
@@ -157,39 +158,42 @@ def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) ->
         for group in plan_groups(settings):
             if gate is not None:
                 gate.admit(group.group_index)
-            episodes = _group_episodes(settings, group, env, faults, gate)
+            started: list[int] = [settings.policy_version]  # the live version when the round began
+            episodes = _group_episodes(settings, group, env, faults, gate, lambda: started[0])
             round_, shifts = 0, _TurnShifts()
             while live := [e for e in episodes if not e.done]:
                 drafts = [e.begin_turn() for e in live]
-                before = gate.current() if gate is not None else None  # the weights the turn started under
+                before = started[0] = gate.current() if gate is not None else settings.policy_version
                 _run_engine(policy, params, drafts, _engine_generator(settings, group, round_))
+                after = gate.current() if gate is not None else before  # new weights live by the round's end?
                 for episode, draft in zip(live, drafts):
-                    yield from shifts.emit(settings, episode, *episode.end_turn(draft), before)
+                    yield from shifts.emit(settings, episode, *episode.end_turn(draft), before, after)
                 round_ += 1
 
 
 class _TurnShifts:
     """Interrupted turns (``interrupt_prob``): a turn whose weights changed while it was generated is
-    sent as its aborted part and its continuation (``producers.interruption``), so every later turn
-    of that attempt moves up by one."""
+    sent as its aborted part (the old version) and its continuation (the new one; see
+    ``producers.interruption``), so every later turn of that attempt moves up by one. A turn not cut
+    keeps the version it started under: staleness is never understated."""
 
     def __init__(self) -> None:
         self.shift: dict[tuple[int, int], int] = {}  # (episode index, attempt) -> extra turns sent
 
     def emit(self, settings: GenerateSettings, episode: Episode, sample: Sample, args: dict,
-             before: int | None) -> Iterator[tuple[Sample, dict]]:
+             before: int, after: int) -> Iterator[tuple[Sample, dict]]:
         key = (episode.ident.index, args["attempt"])
         args = {**args, "turn": args["turn"] + self.shift.get(key, 0)}
-        after = sample.oldest_weight_version
-        if before is None or after is None or after == before or settings.interrupt_prob <= 0:
+        if after == before or settings.interrupt_prob <= 0:
             yield sample, args
             return
-        rng = np.random.default_rng(episode.ident.seed_words(settings.seed, _INTERRUPT_STREAM + args["turn"]))
+        rng = np.random.default_rng(episode.ident.seed_words(settings.seed, _INTERRUPT_STREAM, args["attempt"],
+                                                             args["turn"]))
         at = interruption_point(sample, rng) if rng.random() < settings.interrupt_prob else None
         if at is None:
             yield sample, args
             return
-        aborted, continuation = split_turn(sample, at, before)
+        aborted, continuation = split_turn(sample, at, before, after)
         self.shift[key] = self.shift.get(key, 0) + 1
         yield aborted, {**args, "final": False}
         yield continuation, {**args, "turn": args["turn"] + 1}

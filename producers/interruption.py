@@ -6,12 +6,13 @@ weights. On the bus that is two turn records of one attempt: the partial one (st
 final) and its continuation, whose tokens are the partial turn's followed directly by the rest of
 the response. The stream stage's merge (``rollout_bus.turns``) folds them back into one response.
 
-Contract: ``split_turn(sample, at, old_version)`` returns ``(aborted, continuation)`` for a turn
-whose first ``at`` response tokens (``0 < at < response_length``) were generated under
-``old_version``: the aborted turn holds the prompt, context and those tokens, with every per-token
-field cut to them, status ABORTED, no reward, per-token versions ``old_version`` (-1 stays -1) and
-``weight_versions`` ``[old_version]``; the continuation holds the whole context and the rest of the
-response with its per-token fields, status and reward. Merging them gives the input's tokens, loss
+Contract: ``split_turn(sample, at, old_version, new_version)`` returns ``(aborted, continuation)``
+for a turn whose first ``at`` response tokens (``0 < at < response_length``) were generated under
+``old_version`` and the rest under ``new_version``: the aborted turn holds the prompt, context and
+those tokens, with every per-token field cut to them, status ABORTED, no reward, per-token versions
+``old_version`` (-1 stays -1) and ``weight_versions`` ``[old_version]``; the continuation holds the
+whole context and the rest of the response with its per-token fields, status and reward, per-token
+versions ``new_version`` and ``weight_versions`` ``[new_version]``. Merging them gives the input's tokens, loss
 mask, log-probs and sampling mask exactly; only the versions show the change. ``interruption_point``
 picks a seeded split before a generated token (never inside tool output), or None.
 """
@@ -39,7 +40,7 @@ def _suffix(mask: RolloutSamplingMask, at: int) -> RolloutSamplingMask:
     return RolloutSamplingMask.from_mask_list([ids[offsets[t]:offsets[t + 1]] for t in range(at, len(mask))])
 
 
-def split_turn(sample: Sample, at: int, old_version: int) -> tuple[Sample, Sample]:
+def split_turn(sample: Sample, at: int, old_version: int, new_version: int) -> tuple[Sample, Sample]:
     """The aborted partial turn and its continuation (see the module docstring)."""
     rl = sample.response_length
     if not 0 < at < rl:
@@ -48,6 +49,7 @@ def split_turn(sample: Sample, at: int, old_version: int) -> tuple[Sample, Sampl
     if sample.rollout_token_versions is not None:
         versions = np.asarray(sample.rollout_token_versions, np.int64).copy()
         versions[:at] = np.where(versions[:at] >= 0, old_version, -1)
+        versions[at:] = np.where(versions[at:] >= 0, new_version, -1)
     aborted = copy.deepcopy(sample)
     aborted.rollout_token_versions = versions.copy() if versions is not None else None
     aborted.strip_last_output_tokens(rl - at)
@@ -58,6 +60,7 @@ def split_turn(sample: Sample, at: int, old_version: int) -> tuple[Sample, Sampl
         value = getattr(sample, name)
         setattr(continuation, name, None if value is None else np.asarray(value)[at:].copy())
     continuation.rollout_token_versions = versions[at:] if versions is not None else None
+    continuation.weight_versions = [str(new_version)]
     if sample.rollout_sampling_mask is not None:
         continuation.rollout_sampling_mask = _suffix(sample.rollout_sampling_mask, at)
     aborted.validate()

@@ -11,7 +11,9 @@ Contract:
   ``{field}.offsets.{i}``. All the rest (identity, text, status, reward, adapter,
   weight_versions, metadata, and which tensor fields are None) plus the caller's ``metadata``
   is one compact, key-sorted JSON document in the rank-1 uint8 tensor ``_samples_meta``. The same
-  samples always give the same bytes.
+  samples always give the same bytes. ``rollout_token_versions`` (added after the first writers)
+  travels only when set: a sample without it encodes to the bytes it always did, and a payload
+  without its tensor decodes to None, so older producers and stored state still decode.
 * ``_FIELDS`` (tensor fields: kind, wire dtype and bounds per part, nullable, strict) and
   ``_META`` (JSON fields: plain types and converters) drive both directions; nothing else does.
 * ``COMPUTED_FIELDS`` (sent by default) excludes ``SAMPLING_MASK_FIELDS``: a mask is not looked at
@@ -76,6 +78,9 @@ class _Field:
     parts: tuple[_Part, ...]
     nullable: bool  # None travels as a null marker
     strict: bool  # encode never converts, only checks dtypes (the value is a validated object)
+    # a field added after the first writers: None travels as nothing at all (no null marker, no
+    # tensor), so a sample without it encodes to the bytes it always did and older payloads decode
+    absent_is_none: bool = False
 
 
 _I64, _U8, _F64, _I32 = (np.dtype(t) for t in ("<i8", "u1", "<f8", "<i4"))
@@ -85,7 +90,7 @@ _FIELDS: dict[str, _Field] = {f.name: f for f in (
     _Field("loss_mask", "tensor", (_Part("loss_mask", "U8", _U8, None, 1),), nullable=True, strict=False),  # U8: >= 0
     _Field("rollout_log_probs", "tensor", (_Part("rollout_log_probs", "F64", _F64),), nullable=True, strict=False),
     _Field("rollout_token_versions", "tensor", (_Part("rollout_token_versions", "I64", _I64, -1),), nullable=True,
-           strict=False),
+           strict=False, absent_is_none=True),
     _Field("rollout_sampling_mask", "csr", (_Part("rollout_sampling_mask.ids", "I32", _I32, 0),
                                             _Part("rollout_sampling_mask.offsets", "I64", _I64)),
            nullable=True, strict=True),
@@ -354,7 +359,8 @@ def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list
     for spec in specs:
         value = getattr(sample, spec.name)
         if value is None:
-            nulls.append(spec.name)
+            if not spec.absent_is_none:
+                nulls.append(spec.name)
             continue
         for part, arr in zip(spec.parts, _KINDS[spec.kind][0](spec, value, where)):
             if arr.dtype != part.dtype:
@@ -429,7 +435,7 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
     if type(nulls) is not list or any(n not in allowed for n in nulls) or len(set(nulls)) != len(nulls):
         raise CodecError(must_be("nulls", f"distinct names among {allowed}", _clip(nulls), where=where))
     for spec in specs:
-        if spec.name in nulls:
+        if spec.name in nulls or (spec.absent_is_none and f"{spec.parts[0].name}.{i}" not in entries):
             kwargs[spec.name] = None
             continue
         arrays = []

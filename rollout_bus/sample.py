@@ -171,10 +171,14 @@ class Sample:
             value = getattr(self, name)
             if value is not None and len(value) != rl:
                 raise ContractError(must_be(f"len({name})", f"response_length={rl}", len(value), where=where))
-        versions = self.rollout_token_versions
-        if versions is not None and len(versions) and int(np.min(np.asarray(versions, dtype=np.int64))) < -1:
-            raise ContractError(must_be("rollout_token_versions", "versions >= 0, or -1 for a token not generated",
-                                        int(np.min(np.asarray(versions, dtype=np.int64))), where=where))
+        if self.rollout_token_versions is not None and len(self.rollout_token_versions):
+            versions = np.asarray(self.rollout_token_versions)
+            if versions.dtype.kind not in "iu" or (versions.dtype.kind == "u" and versions.dtype.itemsize >= 8):
+                raise ContractError(must_be("rollout_token_versions", "int64 weight versions", versions.dtype,
+                                            where=where))
+            if int(versions.min()) < -1:
+                raise ContractError(must_be("rollout_token_versions", "versions >= 0, or -1 for a token not "
+                                            "generated", int(versions.min()), where=where))
         mask = self.rollout_sampling_mask
         if mask is not None:
             if not isinstance(mask, RolloutSamplingMask):

@@ -55,9 +55,17 @@ def append_forced_sampling_tokens(sample: Sample, token_ids: Any) -> None:
     Per-token versions, when the sample has them, get -1 for these tokens (no model generated them)."""
     mask = sample.rollout_sampling_mask
     forced = _forced_mask(token_ids)
-    if sample.rollout_token_versions is not None:
-        sample.rollout_token_versions = np.concatenate([np.asarray(sample.rollout_token_versions, np.int64),
+    versions = sample.rollout_token_versions
+    if versions is not None and len(versions) != sample.response_length:
+        raise ContractError(must_be("len(rollout_token_versions)", f"response_length={sample.response_length} "
+                                    "before appending", len(versions)))
+    _append_forced_rows(sample, mask, forced)
+    if versions is not None:  # only once the mask took the rows: a refusal leaves the sample as it was
+        sample.rollout_token_versions = np.concatenate([np.asarray(versions, np.int64),
                                                         np.full(len(forced), -1, np.int64)])
+
+
+def _append_forced_rows(sample: Sample, mask: RolloutSamplingMask | None, forced: RolloutSamplingMask) -> None:
     if mask is None:
         if sample.response_length != 0:
             raise ContractError(

@@ -42,7 +42,7 @@ def test_merging_turns_concatenates_versions_with_minus_one_for_the_observation(
 
 def test_an_aborted_turn_and_its_continuation_merge_into_the_uninterrupted_turn():
     whole = turn([1, 2, 3, 4, 5, 6, 7], 5, [3, 3, 3, 3, 3], reward=0.5)
-    aborted, continuation = split_turn(whole, 2, old_version=2)
+    aborted, continuation = split_turn(whole, 2, old_version=2, new_version=3)
     assert aborted.status is Status.ABORTED and aborted.reward is None and aborted.response_length == 2
     assert continuation.response_length == 3 and continuation.tokens.tolist() == whole.tokens.tolist()
     (merged,) = merge_samples([aborted, continuation])
@@ -82,3 +82,36 @@ def test_shards_carry_each_response_tokens_version(tmp_path):
     assert manifest["has_rollout_token_versions"]
     read = list(load_shard(tmp_path / "batch-00000000" / "dp-000.safetensors").samples())
     assert [s.rollout_token_versions.tolist() for s in read] == [[5, -1, 6], [6]]
+
+
+def test_a_sample_without_versions_encodes_as_before_and_an_older_payload_decodes():
+    import json
+
+    import safetensors.numpy
+
+    from rollout_bus.codec import COMPUTED_FIELDS, decode_samples, encode_samples
+
+    without = turn([1, 2, 3], 2, [4, 4])
+    without.rollout_token_versions = None
+    without.rollout_sampling_mask = None  # the default fields carry no mask
+    payload = encode_samples([without])
+    tensors = safetensors.numpy.load(payload)
+    assert not any(name.startswith("rollout_token_versions") for name in tensors)
+    assert json.loads(tensors["_samples_meta"].tobytes())["samples"][0]["nulls"] == []  # nothing new on the wire
+    (back,), _ = decode_samples(payload, COMPUTED_FIELDS)
+    assert back.rollout_token_versions is None and back == without
+    (with_versions,), _ = decode_samples(encode_samples([turn([1, 2, 3], 2, [4, 4])]))
+    assert with_versions.rollout_token_versions.tolist() == [4, 4]
+
+
+def test_versions_that_are_not_integers_are_refused_by_name_and_a_refused_forced_append_changes_nothing():
+    for bad in ([1.5, 2.0], ["3", "4"], [2**70, 1]):
+        sample = turn([1, 2, 3], 2, [0, 0])
+        sample.rollout_token_versions = np.array(bad, dtype=object) if isinstance(bad[0], int) else np.array(bad)
+        with pytest.raises(ContractError, match="rollout_token_versions"):
+            sample.validate()
+    sample = turn([1, 2, 3], 2, [0, 0])
+    sample.rollout_sampling_mask = None  # a mask cannot start after response tokens: the append is refused
+    with pytest.raises(ContractError, match="response_length"):
+        append_forced_sampling_tokens(sample, [7])
+    assert sample.rollout_token_versions.tolist() == [0, 0]
