@@ -5,9 +5,11 @@ vocabulary, and its log-prob is over that support. A trainer that scores the sam
 full-vocabulary ``log_softmax`` compares two different distributions, and the importance ratio
 between them drifts even when the weights are equal. The shard carries every support as one CSR
 (``rollout_sampling_mask_ids`` / ``rollout_sampling_mask_offsets``), so the trainer can
-renormalise over exactly the ids the generator could have drawn. This module does it without
-ever building a dense ``[R, V]`` mask: it gathers the ``N`` support logits and reduces them per
-row, O(N) work and memory on top of the logits, and autograd flows through it. Pure torch, no I/O.
+renormalise over exactly the ids the generator could have drawn (``producers.sampling`` reports
+``log(p_token / sum(p_support))`` of the temperature-scaled logits, so divide the trainer's logits
+by the same temperature first). This module does it without ever building a dense ``[R, V]``
+mask: it gathers the ``N`` support logits and reduces them per row, O(N) work and memory on top
+of the logits, and autograd flows through it. Pure torch, no I/O.
 
 Contract:
 
@@ -29,7 +31,8 @@ Contract:
   tests and the bench only.
 * ``importance_ratios(new_log_probs, rollout_log_probs, *, clip_max=2.0, clip_min=None)`` returns
   ``(ratio, tis_weight)``: ``ratio = exp(new - rollout)`` (carries gradient) and the truncated
-  importance weight ``ratio.clamp(max=clip_max)`` (and ``min=clip_min`` when given), detached.
+  importance weight ``ratio.clamp(max=clip_max)`` (and ``min=clip_min`` when given; ``clip_max=None``:
+  no upper bound), detached; the rollout log-probs are treated as constants.
 * ``shard_support_log_probs(logits, tensors)`` applies ``support_log_probs`` to a whole shard:
   ``tensors`` holds the shard's tensors as ``ShardView.tensors`` does (``tokens``,
   ``tokens_offsets``, ``response_lengths``, ``rollout_sampling_mask_ids``,
@@ -221,6 +224,8 @@ def grpo_tis_loss(new_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, 
     """GRPO/PPO clipped surrogate, mean over the tokens with ``loss_mask == 1``; ``(loss, stats)``.
 
     All inputs are per token, ``[R]`` (broadcast a per-sample advantage over its response tokens).
+    ``new_log_probs`` must be on the rollout log-probs' basis: over the sampling support
+    (``support_log_probs``), at the generator's temperature.
 
     Without ``old_log_probs`` the rollout policy is the old policy: ``ratio = exp(new - rollout)``
     and the per-token loss is ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, nothing more.
