@@ -188,8 +188,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a fsync'd temporary file in the same directory and a rename."""
+def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` via a fsync'd temporary file in the same directory and a rename
+    (``sync_dir=False``: the caller fsyncs the directory once after several files)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
     try:
         with open(tmp, "wb") as fh:
@@ -200,7 +201,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -272,12 +274,13 @@ def write_batch_shards(
         tensors = shard_tensors(rank_data, where)
         meta = json.dumps({"format_version": FORMAT_VERSION, "seq": int(seq), "rank": rank}, sort_keys=True)
         data = safetensors.numpy.save(tensors, metadata={_META_KEY: meta})
-        write_atomic(directory / _shard_name(rank), data)
+        write_atomic(directory / _shard_name(rank), data, sync_dir=False)
         entries.append(_shard_entry(rank, data, tensors))
     names = {e["path"] for e in entries}
     for stale in directory.glob("dp-*.safetensors"):
         if stale.name not in names:
             stale.unlink()
+    _fsync_dir(directory)  # every shard's name is durable before the manifest that lists it
     manifest = {
         "format_version": FORMAT_VERSION,
         "seq": int(seq),

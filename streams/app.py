@@ -3,7 +3,9 @@
 Contract: ``build_app(...)`` returns a ``StreamApp`` (the ``faust.App`` and its ``TurnProcessor``);
 ``run_app`` runs it in a ``faust.Worker``. The only stage module that imports Faust or aiokafka:
 its clients' connection and security come from ``rollout_bus.kafka.clients``.
-The app consumes rollout.turns with one agent and keeps all state in one memory-backed table
+The app consumes rollout.turns with one agent (concurrency 1: Faust #606 skips commits above it),
+in batches of up to ``TAKE_MAX_RECORDS`` taken within ``TAKE_WITHIN_S`` (``stream.take_events``
+acknowledges a batch's events only once the processor returns), and keeps all state in one memory-backed table
 (``state``) whose compacted changelog, ``{app_id}-state-changelog``, is the only durable state.
 State writes go to that changelog through ``streams.state.ChangelogState`` (straight to the
 aiokafka producer, not Faust's table buffer), so the source offsets are committed only after
@@ -19,6 +21,8 @@ Faust troubles:
 * Faust can acknowledge records it never delivers to the agent (around rebalances and restarts):
   the processor's state position notices the jump, and a timer compares idle partitions with
   their end, so such records are read back and processed (``TurnProcessor.catch_up_idle``);
+* a batch taken before a rebalance may hold records of partitions no longer assigned: the processor
+  leaves them to their new owner, which replays them from the state's recorded position;
 * record sizes from one setting (``max_record_bytes``, ``rollout_bus.kafka.limits``): the
   producer's request size and lz4 compression, the consumer's fetch size, and the state
   changelog's ``max.message.bytes``; a record the producer or the broker refuses for its size
@@ -61,6 +65,8 @@ EXIT_AGENT_CRASH = 70
 CATCH_UP_INTERVAL_S = 2.0
 DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within this, with no further record
 CATCH_UP_IDLE_S = 4.0
+TAKE_MAX_RECORDS = 256  # records processed as one batch: one state flush, one drain of their finals
+TAKE_WITHIN_S = 0.01  # the most a record waits for its batch to fill
 TABLE_NAME = "state"
 _RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -177,11 +183,15 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
                               grace_ms=int(round(grace_seconds * 1000)), fetch=fetch,
                               turns_partitions=turns_partitions, episodes_partitions=episodes_partitions)
 
+    def owned() -> set[int]:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.turns}
+
     @app.agent(source, name="merge_turns")
     async def merge_turns(stream: Any) -> None:
-        async for event in stream.events():
+        # Faust acknowledges a batch's events only after the processor returns (take_events)
+        async for events in stream.take_events(TAKE_MAX_RECORDS, within=TAKE_WITHIN_S):
             try:
-                await processor.handle(to_record(event.message))
+                await processor.handle_batch([to_record(event.message) for event in events], owned)
             except Exception as exc:  # not a bad record (those go to the DLQ): the worker must not idle
                 on_fatal(exc, processor.outcomes.summary())
                 raise

@@ -1,27 +1,35 @@
-"""The stream stage's per-record work: one rollout.turns record in, its effects out.
+"""The stream stage's work: batches of rollout.turns records in, their effects out.
 
 Contract:
 
 * All state lives in one table (a ``ChangelogState``: bytes keys, bytes values), so its changelog
   partition is one ordered log of every state change of the matching source partition; after a
-  crash the recovered state is a prefix of the writes. The writes of a record are handed to the
-  producer before the record is acknowledged, so the offset commit flushes them. Keys
+  crash the recovered state is a prefix of the writes. The writes of a batch are handed to the
+  producer before its records are acknowledged, so the offset commit flushes them. Keys
   (``episode_state`` / ``windows``): ``e|key`` episode index, ``t|attempt|turn|key`` one turn
   (16-byte prefix: source offset and sent_at, then the raw payload, stored once),
   ``w|partition|start|adapter`` a window entry,
   ``c|partition`` the partition's closed-until time, ``o|partition`` the next source offset to
-  process (written last for every record, so the recovered state says which records it holds:
+  process (written last for every batch, so the recovered state says which records it holds:
   replays below it are skipped, and records Faust acknowledged without delivering them to the
   agent, as it does around rebalances and restarts, are read again through ``fetch``).
+* ``handle_batch`` processes its records in order, then drains their finals: the changelog is
+  flushed, the window entries written and the positions recorded once per batch rather than
+  per record (``tests/unit/streams/test_processor_batches.py`` cuts the changelog at every
+  write and replays: no episode is lost and none is counted twice). Stored turns are kept as
+  parsed on arrival while the worker lives, so merging an episode decodes nothing twice.
 * A final turn's effects run in this order: send the episode; once the broker has acknowledged
-  it, update the window entry, write the finished marker and delete the stored turns, then the
+  it, count it in its window entry; once every acknowledged final of the drain is counted, write
+  the window entries, then each finished marker and the deletion of its stored turns, then the
   position. A crash between them re-emits the episode on replay (same key and attempt) and never
-  loses one; the window entry's recorded offset keeps a replayed final from being counted twice.
+  loses one; the window entry's recorded offset keeps a replayed final from being counted twice,
+  and a replayed final of a finished episode deletes stored turns the crash left behind.
 * Finals are pipelined: the worker goes on with other records while episode records are in
-  flight, and ``drain()`` applies the deferred effects once they are acknowledged (before any
-  record of an in-flight episode's key, before a window closes, at ``MAX_IN_FLIGHT``, and on the
-  app's short timer). Until then the partition's recorded position stays where it was before the
-  oldest in-flight final, so a crash replays from there (the later records' effects are idempotent).
+  flight, and ``drain()`` applies the deferred effects once they are acknowledged (at the end of
+  each batch, before any record of an in-flight episode's key, before a window closes, at
+  ``MAX_IN_FLIGHT``, and on the app's short timer). Until then the partition's recorded position
+  stays where it was before the oldest in-flight final, so a crash replays from there (the later
+  records' effects are idempotent).
 * Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
   rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
   headers, validation, merge) are caught; anything else propagates to the caller.
@@ -52,7 +60,7 @@ import struct
 import time
 from collections import Counter
 from dataclasses import dataclass
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Any, Protocol
 
 from rollout_bus.codec import decode_samples
@@ -99,7 +107,8 @@ class _InFlight:
     partition: int
     key: bytes
     delivery: Awaitable[Any] | None
-    effects: Callable[[], Awaitable[None]]
+    count: Callable[[], None]  # into its window entry (written once per drain, before any finished marker)
+    finish: Callable[[], None]  # the finished marker; the stored turns forgotten
     too_large: Callable[[BaseException], Awaitable[None]]
 
 
@@ -142,7 +151,9 @@ class TurnProcessor:
         self.windows = WindowMetrics(table, send, topics, self.outcomes, window_ms=window_ms, grace_ms=grace_ms)
         self._in_flight: list[_InFlight] = []
         self._in_flight_keys: set[bytes] = set()
-        self._next_offset: dict[int, int] = {}  # ahead of the recorded position while finals are in flight
+        self._next_offset: dict[int, int] = {}  # ahead of the recorded position until it is written
+        self._written_position: dict[int, int] = {}
+        self._decoded: dict[bytes, Sample] = {}  # stored turns as parsed on arrival: no second decode to merge
 
     def forget_partitions(self) -> None:
         """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
@@ -150,6 +161,8 @@ class TurnProcessor:
         self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
         self._in_flight_keys.clear()
         self._next_offset.clear()
+        self._written_position.clear()
+        self._decoded.clear()
         self.markers.forget()
 
     async def pause(self) -> None:
@@ -168,6 +181,30 @@ class TurnProcessor:
         async with self.gate.hold():
             self._last_seen[record.partition] = time.monotonic()
             await self._handle(record)
+            self._write_positions()
+            await self.table.flush()
+
+    async def handle_batch(self, records: Sequence[TurnRecord], owned: Callable[[], Container[int]] | None = None,
+                           ) -> None:
+        """Process records in order, then drain their finals: the state's changelog, the window entries
+        and the positions are written once per batch, not per record.
+
+        ``owned`` (read once the gate is open) gives the rollout.turns partitions this worker holds
+        now: records of others, taken before a rebalance moved them, are left to their new owner,
+        which replays them from the state's recorded position.
+        """
+        async with self.gate.hold():
+            partitions = owned() if owned is not None else None
+            now = time.monotonic()
+            for record in records:
+                if partitions is not None and record.partition not in partitions:
+                    self.outcomes["not_owned_skipped"] += 1
+                    continue
+                self._last_seen[record.partition] = now
+                await self._handle(record)
+            await self.drain()
+            self._write_positions()
+            await self.table.flush()
 
     async def drain(self) -> None:
         """Await every in-flight episode record, then apply their deferred effects in order."""
@@ -180,14 +217,20 @@ class TurnProcessor:
         for result in results.values():  # any other failed delivery: the worker crashes and replays
             if isinstance(result, BaseException) and not isinstance(result, RecordTooLargeError):
                 raise result
+        counted = []
         for final in in_flight:
             self.table.bind(final.partition)
             result = results.get(id(final))
-            await (final.too_large(result) if isinstance(result, RecordTooLargeError) else final.effects())
-        for partition in sorted({f.partition for f in in_flight}):
-            self.table.bind(partition)
-            self.table[position_key(partition)] = b"%d" % self._next_offset[partition]
-            self._prune_finished(partition, self._next_offset[partition])
+            if isinstance(result, RecordTooLargeError):
+                await final.too_large(result)
+            else:
+                final.count()
+                counted.append(final)
+        await self.windows.publish_counted()  # window entries before the markers: a crash never loses a count
+        for final in counted:
+            self.table.bind(final.partition)
+            final.finish()
+        self._write_positions()
         await self.table.flush()
 
     async def drain_idle(self) -> None:
@@ -196,8 +239,9 @@ class TurnProcessor:
             await self.drain()
 
     def _position(self, partition: int) -> int | None:
-        """The next offset to process: ahead of the recorded one while finals are in flight."""
-        if self._in_flight and partition in self._next_offset:
+        """The next offset to process: ahead of the recorded one until the batch's end (or while finals
+        are in flight)."""
+        if partition in self._next_offset:
             return self._next_offset[partition]
         raw = self.table.get(position_key(partition))
         return int(raw) if raw is not None else None
@@ -215,10 +259,12 @@ class TurnProcessor:
                 if now - max(self._started, self._last_seen.get(partition, 0.0)) < idle_s:
                     continue
                 self.table.bind(partition)
-                raw = self.table.get(position_key(partition))
-                position = int(raw) if raw is not None else 0
+                position = self._position(partition) or 0
                 if end is not None and position < end:
                     await self._read_missing(topic, partition, position, end)
+            await self.drain()
+            self._write_positions()
+            await self.table.flush()
 
     async def _handle(self, record: TurnRecord) -> None:
         if record.key in self._in_flight_keys or len(self._in_flight) >= MAX_IN_FLIGHT:
@@ -248,7 +294,7 @@ class TurnProcessor:
         self.table.bind(partition)
 
     async def _process(self, record: TurnRecord) -> None:
-        """The record's outcome, the windows it made due, then its position; then flush the state."""
+        """The record's outcome, the windows it made due, then its position (the caller flushes the state)."""
         self.windows.of(record.partition).observe(record.timestamp_ms)
         control = control_kind(record.headers)
         if control is None:
@@ -257,10 +303,18 @@ class TurnProcessor:
             await self._control(record, control)
         await self._close_due(record.partition)
         self._next_offset[record.partition] = record.offset + 1
-        if not any(f.partition == record.partition for f in self._in_flight):
-            self.table[position_key(record.partition)] = b"%d" % (record.offset + 1)
-            self._prune_finished(record.partition, record.offset + 1)
-        await self.table.flush()
+
+    def _write_positions(self) -> None:
+        """Record each partition's next offset, written last for what the state holds of it; a partition
+        with finals in flight keeps the position it had before the oldest of them until they are drained."""
+        held = {f.partition for f in self._in_flight}
+        for partition in sorted(p for p in self._next_offset if p not in held):
+            position = self._next_offset[partition]
+            if position != self._written_position.get(partition):
+                self.table.bind(partition)
+                self.table[position_key(partition)] = b"%d" % position
+                self._written_position[partition] = position
+                self._prune_finished(partition, position)
 
     async def _turn(self, record: TurnRecord) -> None:
         """One turn record to its outcome; a dead-lettered final turn abandons its episode."""
@@ -272,6 +326,9 @@ class TurnProcessor:
             raw_index = self.table.get(index_key(record.key))
             index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
             decision = decide(index, headers)
+            if index is not None and index.finished and headers.final and headers.attempt == index.attempt:
+                for turn in range(headers.turn):  # a replayed final: stored turns a crash left behind the marker
+                    self._delete(turn_key(record.key, headers.attempt, turn))
             await self._apply(decision, record, headers, sample)
         except Rejected as rejected:
             await self._dead_letter(record, rejected.kind, rejected.reason)
@@ -316,7 +373,9 @@ class TurnProcessor:
             self.outcomes["superseded_turns_discarded"] += decision.discard_turns
         if decision.action is Action.STORE:
             stored = _PREFIX.pack(record.offset, headers.sent_at_ms) + (record.value or b"")
-            self.table[turn_key(record.key, headers.attempt, headers.turn)] = stored
+            key = turn_key(record.key, headers.attempt, headers.turn)
+            self.table[key] = stored
+            self._decoded[key] = sample
             self.table[index_key(record.key)] = decision.index.to_bytes()
             self.outcomes["turns_stored"] += 1
             return
@@ -324,6 +383,7 @@ class TurnProcessor:
 
     def _delete(self, key: bytes) -> None:
         """Delete through ``__delitem__``, the path that writes the changelog tombstone."""
+        self._decoded.pop(key, None)
         if key in self.table:
             del self.table[key]
 
@@ -338,6 +398,11 @@ class TurnProcessor:
             found.append((offset, sent_at, raw[_PREFIX.size:]))
         return found
 
+    def _stored_sample(self, key: bytes, attempt: int, turn: int, payload: bytes) -> Sample:
+        """A stored turn's sample: as parsed on arrival, or decoded from the state (after a recovery)."""
+        cached = self._decoded.get(turn_key(key, attempt, turn))
+        return cached if cached is not None else decode_samples(payload, TURN_FIELDS)[0][0]
+
     async def _emit(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders, final: Sample) -> None:
         """Merge, publish, count in its window, then forget the turns (in that order)."""
         try:
@@ -345,7 +410,8 @@ class TurnProcessor:
         except ContractError as exc:
             raise Rejected("state", str(exc)) from exc
         try:
-            turns = [decode_samples(payload, TURN_FIELDS)[0][0] for _, _, payload in stored] + [final]
+            turns = [self._stored_sample(record.key, headers.attempt, turn, payload)
+                     for turn, (_, _, payload) in enumerate(stored)] + [final]
             segments = share_final_reward(merge_samples(turns), final)
         except ValueError as exc:
             await self._reject_episode(index, record, headers, stored, f"episode cannot be merged: {exc}")
@@ -369,15 +435,17 @@ class TurnProcessor:
             await too_large(exc)
             return
 
-        async def effects() -> None:
+        def count() -> None:
             self.outcomes["episodes_emitted"] += 1
             self.outcomes["turns_merged"] += len(turns)
             if len(segments) > 1:
                 self.outcomes["episodes_with_siblings"] += 1
-            await self.windows.count(record, segments)
+            self.windows.count(record, segments)
+
+        def finish() -> None:
             self._finish(index, record.key, headers, record)
 
-        self._in_flight.append(_InFlight(record.partition, record.key, delivery, effects, too_large))
+        self._in_flight.append(_InFlight(record.partition, record.key, delivery, count, finish, too_large))
         self._in_flight_keys.add(record.key)
 
     def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders, final: TurnRecord) -> None:

@@ -2,8 +2,11 @@
 
 Contract (``streams.windows`` holds the pure bookkeeping): per source partition, tumbling
 event-time windows of ``window_ms``; ``count(record, segments)`` absorbs a final turn's episode into
-its (window, adapter, partition) entry in the table, once per source offset (a replayed final is
-not counted twice), and publishes the updated entry to rollout.metrics; ``close_due(partition)``
+its (window, adapter, partition) entry, once per source offset (a replayed final is not counted
+twice); ``publish_counted()`` then writes each entry counted into since the last call to the table
+and to rollout.metrics, once per batch of finals rather than once per episode (the processor calls
+it before it writes the batch's finished markers, so a crash replays the finals and counts them
+again rather than losing them); ``close_due(partition)``
 publishes every window the partition's watermark passed by ``grace_ms`` as closed (awaited), then
 deletes its entry and records the partition's closed-until time. A final whose window already
 closed is counted as ``window_late``. Bookkeeping is reloaded from the table after a rebalance
@@ -36,13 +39,16 @@ class WindowMetrics:
         self.window_ms, self.grace_ms = window_ms, grace_ms
         self._partitions: dict[int, PartitionWindows] = {}
         self._entries: dict[bytes, WindowEntry] = {}  # decoded window entries, mirroring the table
+        self._counted: dict[bytes, WindowEntry] = {}  # entries counted into, not yet written
 
     def forget(self) -> None:
         self._partitions.clear()
         self._entries.clear()
+        self._counted.clear()
 
-    async def count(self, record: TurnRecord, segments: list[Sample]) -> None:
-        """Absorb an acknowledged final into its window entry (once per source offset) and publish it."""
+    def count(self, record: TurnRecord, segments: list[Sample]) -> None:
+        """Absorb an acknowledged final into its window entry (once per source offset); ``publish_counted``
+        writes it."""
         window = window_bounds(record.timestamp_ms, self.window_ms)
         windows = self.of(record.partition)
         if windows.is_late(window):
@@ -59,12 +65,19 @@ class WindowMetrics:
         if not entry.absorb(record.offset, segments):
             self.outcomes["window_replays_skipped"] += 1
             return
-        self.table[key] = entry.to_bytes()
         self._entries[key] = entry
+        self._counted[key] = entry
         windows.open[key] = entry.end_ms
         self.outcomes["window_episodes"] += 1
-        await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=False), [],
-                        wait=False)
+
+    async def publish_counted(self) -> None:
+        """Write the entries counted into since the last call to the table, and publish them (open)."""
+        counted, self._counted = self._counted, {}
+        for key, entry in counted.items():
+            self.table.bind(entry.partition)
+            self.table[key] = entry.to_bytes()
+            await self.send(self.topics.metrics, window_record_key(entry), window_record(entry, closed=False), [],
+                            wait=False)
 
     def any_due(self, partition: int) -> bool:
         return bool(self.of(partition).due(self.grace_ms))
@@ -72,6 +85,9 @@ class WindowMetrics:
     async def close_due(self, partition: int) -> None:
         """Publish each window the watermark passed as closed (awaited), then delete its state."""
         windows = self.of(partition)
+        if self._counted:  # counts not yet written go out first (the processor drains before closing)
+            await self.publish_counted()
+            self.table.bind(partition)
         for key in windows.due(self.grace_ms):
             raw = self.table.get(key)
             entry = self._entries.pop(key, None)

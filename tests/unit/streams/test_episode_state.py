@@ -276,6 +276,7 @@ def test_processor_does_not_count_a_replayed_final_twice_in_its_window():
     processor.table[index_key(records[0].key)] = EpisodeIndex(0, 1).to_bytes()  # finished marker lost in a crash
     processor.table[turn_key(records[0].key, 0, 0)] = b"\0" * 16 + records[0].value
     processor.table[position_key(0)] = b"1"  # ... and so was the position after the final
+    processor.forget_partitions()  # and the worker's memory (a restart)
     _run(processor, records[1:])
     assert len(sink.on(topics.episodes)) == 2  # re-emitted: at least once
     latest = json.loads(sink.on(topics.metrics)[-1][2])
