@@ -36,7 +36,6 @@ Contract:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -49,7 +48,7 @@ from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.kafka.weights import WeightPublisher
 from rollout_bus.records import (CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, BatchesEnded, BatchSkipped,
                                  ShardAnnouncement, WeightVersion, control_kind, parse_announcement)
-from rollout_bus.shards import ShardSample, ShardView, load_shard
+from rollout_bus.shards import ShardSample, ShardView, load_shard, verify_shard
 from rollout_bus.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -212,15 +211,7 @@ class ShardFeed:
         directory = (self.shards_root / str(manifest.get("batch"))) if self.shards_root is not None \
             else Path(announced.dir)
         path = directory / str(entry.get("path"))
-        where = f"batch {seq} rank {self.rank} at {path}"
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ContractError(f"shard missing: {where}: {exc}") from exc
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != entry.get("bytes") or digest != entry.get("sha256"):
-            raise ContractError(f"shard does not match its manifest: {where}: {len(data)} bytes, sha256 {digest}; "
-                                f"the manifest says {entry.get('bytes')} bytes, sha256 {entry.get('sha256')}")
+        verify_shard(path, entry, f"batch {seq} rank {self.rank} at {path}")
         return TrainBatch(seq, self.rank, self.dp_size, path, load_shard(path), manifest)
 
     # ------------------------------------------------------------------ the loop back to the generators

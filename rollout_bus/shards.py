@@ -329,15 +329,22 @@ def verify_batch(batch_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     for entry in manifest["shards"]:
         path = Path(batch_dir) / str(entry.get("path"))
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ContractError(must_be("shard", "present", str(exc), where=str(path))) from exc
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != entry.get("bytes") or digest != entry.get("sha256"):
-            raise ContractError(must_be("shard sha256", f"{entry.get('sha256')} as in the manifest", digest,
-                                        where=str(path)))
+        verify_shard(path, entry, str(path))
     return manifest
+
+
+def verify_shard(path: Path, entry: Mapping[str, Any], where: str) -> bytes:
+    """The shard's bytes, once their size and sha256 match its manifest ``entry``; ContractError
+    naming ``where`` when the shard is missing or differs."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ContractError(f"shard missing: {where}: {exc}") from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry.get("bytes") or digest != entry.get("sha256"):
+        raise ContractError(f"shard does not match its manifest: {where}: {len(data)} bytes, sha256 {digest}; "
+                            f"the manifest says {entry.get('bytes')} bytes, sha256 {entry.get('sha256')}")
+    return data
 
 
 @dataclass(frozen=True, slots=True)

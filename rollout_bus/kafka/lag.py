@@ -15,7 +15,8 @@ from typing import Any
 
 from collections.abc import Mapping
 
-from rollout_bus.kafka.clients import KafkaConsumer, KafkaError, TopicPartition, new_admin
+from rollout_bus.kafka.clients import KafkaConsumer, KafkaError, new_admin
+from rollout_bus.kafka.reader import partition_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -64,16 +65,12 @@ class LagProbe:
         """Lag of each ``group`` on its ``topic``; topics not (yet) in the metadata give no rows."""
         rows: list[LagRow] = []
         for group, topic in groups:
-            partitions = sorted(self.consumer.partitions_for_topic(topic) or ())
-            if not partitions:
+            if not self.consumer.partitions_for_topic(topic):
                 self.consumer.topics()  # refresh metadata for the next round
                 continue
-            tps = [TopicPartition(topic, p) for p in partitions]
-            try:
-                ends = {tp.partition: o for tp, o in self.consumer.end_offsets(tps).items()}
-                begins = {tp.partition: o for tp, o in self.consumer.beginning_offsets(tps).items()}
-            except (KeyError, KafkaError) as exc:  # a partition without a leader yet
-                logger.debug("offsets unavailable topic=%s: %s", topic, exc)
+            ends = partition_offsets(self.consumer, topic)
+            begins = partition_offsets(self.consumer, topic, beginning=True)
+            if ends is None or begins is None:
                 continue
             rows.extend(lag_rows(group, topic, ends, begins, self.committed(group, topic)))
         return rows

@@ -28,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -38,6 +39,8 @@ from rollout_bus.kafka.clients import (KafkaConsumer, KafkaError, TopicPartition
                                        wait_for_partitions)
 from rollout_bus.positions import PartitionRange, Position, RangeStart
 from rollout_bus.records import control_kind
+
+logger = logging.getLogger(__name__)
 
 STALL_S = 30.0
 POLL_MS = 500
@@ -184,15 +187,30 @@ class TopicReader:
         partition that has no leader right now is left out)."""
         counts = {}
         for name in names:
-            partitions = [TopicPartition(name, p) for p in sorted(self.consumer.partitions_for_topic(name) or [])]
-            try:
-                counts[name] = sum(self.consumer.end_offsets(partitions).values()) if partitions else 0
-            except (KeyError, KafkaError):  # a partition without a leader right now: leave the count out
+            if not self.consumer.partitions_for_topic(name):
+                counts[name] = 0
                 continue
+            ends = partition_offsets(self.consumer, name)
+            if ends is not None:
+                counts[name] = sum(ends.values())
         return counts
 
     def close(self) -> None:
         self._watcher.close()
+
+
+def partition_offsets(consumer: KafkaConsumer, topic: str, *, beginning: bool = False) -> dict[int, int] | None:
+    """End (or ``beginning``) offset of each partition of ``topic``; None while the topic is not in the
+    metadata or a partition has no leader."""
+    tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    if not tps:
+        return None
+    try:
+        found = consumer.beginning_offsets(tps) if beginning else consumer.end_offsets(tps)
+    except (KeyError, KafkaError) as exc:  # a partition without a leader right now
+        logger.debug("offsets unavailable topic=%s: %s", topic, exc)
+        return None
+    return {tp.partition: offset for tp, offset in found.items()}
 
 
 def resolve_ranges(consumer: KafkaConsumer, starts: Sequence[RangeStart], to: int | None = None) -> list[PartitionRange]:
