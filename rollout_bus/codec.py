@@ -23,9 +23,9 @@ Contract:
   another exception, never pickle. Sizes are capped (``MAX_PAYLOAD_BYTES``, ``MAX_HEADER_BYTES``,
   or the keyword arguments of ``decode_samples``). Duplicate JSON keys resolve last-wins, as in
   every JSON parser; in the header any data they orphan fails the tiling check.
-* The safetensors framing lives in ``rollout_bus.safetensors_frame``, the JSON document's fast
-  paths for long texts in ``rollout_bus.samples_json``: this module keeps the field tables and
-  the rules.
+* The safetensors framing lives in ``rollout_bus.safetensors_frame``, the JSON document (the
+  JSON-native check, and the fast writer and reader) in ``rollout_bus.samples_json``: this module
+  keeps the field tables and the rules.
 * Decoded tensors are read-only numpy views into the payload, an immutable ``bytes`` (a bytearray
   or memoryview is copied once first), so they never alias a buffer the caller may reuse.
   Metadata, prompts and dict rewards must be JSON-native (dicts with str keys, lists, str, int,
@@ -36,24 +36,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from rollout_bus.errors import CodecError, must_be
-from rollout_bus.safetensors_frame import clip as _clip
-from rollout_bus.safetensors_frame import loads as _loads
-from rollout_bus.safetensors_frame import read_frame, write_frame
-from rollout_bus.samples_json import dump_document, load_document
+from rollout_bus.safetensors_frame import clip as _clip, loads as _loads, read_frame, write_frame
+from rollout_bus.samples_json import MAX_JSON_DEPTH, dump_document, flat, json_native, load_document
 from rollout_bus.sample import AdapterRef, Sample, Status
 from rollout_bus.sampling_mask import RolloutSamplingMask
 
-__all__ = ["COMPUTED_FIELDS", "SAMPLING_MASK_FIELDS", "MAX_PAYLOAD_BYTES", "MAX_HEADER_BYTES", "CodecError",
-           "encode_samples", "decode_samples"]
+__all__ = ["COMPUTED_FIELDS", "SAMPLING_MASK_FIELDS", "MAX_PAYLOAD_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_DEPTH",
+           "CodecError", "encode_samples", "decode_samples"]
 
 MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-MAX_JSON_DEPTH = 200
 META_TENSOR = "_samples_meta"
 INTERNAL_ERROR = "internal decoder error"  # marks the safety net, so fuzz tests can tell it apart
 
@@ -105,31 +103,9 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _json_native(value: Any, name: str, where: str) -> Any:
-    """Refuse what JSON would silently change (non-str keys, tuples, numpy values) or cannot hold."""
-    stack = [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise CodecError(must_be(name, f"nested at most {MAX_JSON_DEPTH} deep, not circular", "deeper",
-                                     where=where))
-        if isinstance(node, dict):
-            if not all(isinstance(key, str) for key in node):
-                raise CodecError(must_be(f"{name} keys", "str", [k for k in node if not isinstance(k, str)][0],
-                                         where=where))
-            node = node.values()
-        elif not isinstance(node, list):
-            if node is None or isinstance(node, (str, int, float)):
-                continue
-            raise CodecError(must_be(name, "JSON-native (dict with str keys, list, str, int, float, bool, None)",
-                                     type(node).__name__, where=where))
-        stack.extend((child, depth + 1) for child in node if not isinstance(child, (str, int, float)))
-    return value
-
-
-def _refuse(expected: str) -> Callable[[Any, str, str], Any]:
+def _refuse(expected: str) -> Callable[..., Any]:
     """The converter of a field whose plain types are its only valid ones."""
-    def refuse(value: Any, name: str, where: str) -> Any:
+    def refuse(value: Any, name: str, where: str, floats: list | None = None) -> Any:
         raise CodecError(must_be(name, expected, value, where=where))
     return refuse
 
@@ -143,7 +119,7 @@ def _typed(kind: type, expected: str) -> Callable[[Any, str, str], Any]:
     return check
 
 
-def _int(value: Any, name: str, where: str) -> int:
+def _int(value: Any, name: str, where: str, floats: list | None = None) -> int:
     if not _is_int(value):
         raise CodecError(must_be(name, "an integer or None", value, where=where))
     return int(value)
@@ -155,32 +131,41 @@ def _prompt_in(value: Any, name: str, where: str) -> list:
     raise CodecError(must_be(name, "a str or a list of dicts", value, where=where))
 
 
-def _prompt_out(value: Any, name: str, where: str) -> list:
-    return _json_native(_prompt_in(value, name, where), name, where)
+def _prompt_out(value: Any, name: str, where: str, floats: list) -> list:
+    if type(value) is list and all(map(flat, value)):  # the hot case: messages of str fields
+        return value
+    return json_native(_prompt_in(value, name, where), name, where, floats)
 
 
-def _reward_out(value: Any, name: str, where: str) -> float | int | dict:
+def _reward_out(value: Any, name: str, where: str, floats: list) -> float | int | dict:
     if isinstance(value, dict):
-        return _json_native(value, name, where)
+        return json_native(value, name, where, floats)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise CodecError(must_be(name, "a float, an int, a dict or None", value, where=where))
     return int(value) if _is_int(value) else float(value)
 
 
-def _versions(value: Any, name: str, where: str) -> list[str]:
+def _versions(value: Any, name: str, where: str, floats: list | None = None) -> list[str]:
+    if type(value) is list and {*map(type, value)} <= {str}:  # the hot case: a fresh copy, as below
+        return value[:]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise CodecError(must_be(name, "a list of str", value, where=where))
     return list(value)
 
 
+_STATUSES = {s.value: s for s in Status}
+
+
 def _status_in(value: Any, name: str, where: str) -> Status:
+    if type(value) is str and value in _STATUSES:  # the hot case, without Enum's call machinery
+        return _STATUSES[value]
     try:
         return Status(value)
     except ValueError:
         raise CodecError(must_be(name, f"one of {[s.value for s in Status]}", value, where=where)) from None
 
 
-def _status_out(value: Any, name: str, where: str) -> str:
+def _status_out(value: Any, name: str, where: str, floats: list | None = None) -> str:
     return value.value if type(value) is Status else _status_in(value, name, where).value
 
 
@@ -190,7 +175,7 @@ def _adapter_in(value: Any, name: str, where: str) -> AdapterRef:
     return AdapterRef(value[0], int(value[1]))
 
 
-def _adapter_out(value: Any, name: str, where: str) -> list:
+def _adapter_out(value: Any, name: str, where: str, floats: list | None = None) -> list:
     if not isinstance(value, AdapterRef):
         raise CodecError(must_be(name, "an AdapterRef or None", value, where=where))
     if not (isinstance(value.name, str) and _is_int(value.slot)):
@@ -198,17 +183,17 @@ def _adapter_out(value: Any, name: str, where: str) -> list:
     return [value.name, int(value.slot)]
 
 
-def _metadata(value: Any, name: str, where: str) -> dict:
+def _metadata(value: Any, name: str, where: str, floats: list) -> dict:
     if not isinstance(value, dict):
         raise CodecError(must_be(name, "a dict", value, where=where))
-    return _json_native(value, name, where)
+    return json_native(value, name, where, floats)
 
 
 _NONE = type(None)
 # name -> (plain types, to JSON, from JSON). A value whose exact type is plain passes as is (the
-# hot path); any other goes through the converter, which checks it (and on encode normalises it).
-# Both sides check alike, so encode never ships what decode refuses. Freshly parsed JSON is
-# native already, so decode does not walk dicts again.
+# hot path); any other goes through the converter, which checks it (and on encode normalises it,
+# adding the floats it holds to the document's list). Both sides check alike, so encode never
+# ships what decode refuses. Freshly parsed JSON is native already: decode walks no dict again.
 _META: dict[str, tuple[tuple[type, ...], Callable, Callable]] = {
     "group_index": ((int, _NONE), _int, _int),
     "index": ((int, _NONE), _int, _int),
@@ -225,6 +210,8 @@ _META: dict[str, tuple[tuple[type, ...], Callable, Callable]] = {
     "adapter": ((_NONE,), _adapter_out, _adapter_in),
 }
 _SAMPLE_KEYS = frozenset(_META) | {"nulls"}
+_META_ITEMS = tuple((name, *converters) for name, converters in _META.items())
+_META_VALUES = attrgetter(*_META)  # a sample's values of the _META fields, in one call
 
 
 # ---------------------------------------------------------------- tensor kinds
@@ -256,20 +243,6 @@ def _to_wire_array(value: Any, part: _Part, where: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _tensor_out(spec: _Field, value: Any, where: str) -> tuple[np.ndarray, ...]:
-    return (_to_wire_array(value, spec.parts[0], where),)
-
-
-def _tensor_in(spec: _Field, arrays: list[np.ndarray], where: str) -> np.ndarray:
-    return arrays[0]
-
-
-def _csr_out(spec: _Field, value: Any, where: str) -> tuple[np.ndarray, ...]:
-    if not isinstance(value, RolloutSamplingMask):
-        raise CodecError(must_be(spec.name, "a RolloutSamplingMask", type(value).__name__, where=where))
-    return value.as_arrays()
-
-
 def _csr_in(spec: _Field, arrays: list[np.ndarray], where: str) -> RolloutSamplingMask:
     """Check the CSR structure vectorised (ids bounds are part bounds), then wrap the views as they are."""
     ids, offsets = arrays
@@ -281,14 +254,11 @@ def _csr_in(spec: _Field, arrays: list[np.ndarray], where: str) -> RolloutSampli
     if offsets[-1] != ids.size:
         raise CodecError(must_be(f"{name}[-1]", f"len(ids)={ids.size}", int(offsets[-1]), where=where))
     falls = offsets[1:] <= offsets[:-1]
-    if falls.any():
+    if np.count_nonzero(falls):  # faster than falls.any()
         t = int(np.argmax(falls))
         raise CodecError(must_be(name, "strictly increasing (no empty support)",
                                  f"{offsets[t]} then {offsets[t + 1]} at token {t}", where=where))
     return RolloutSamplingMask._from_trusted(ids, offsets)
-
-
-_KINDS = {"tensor": (_tensor_out, _tensor_in), "csr": (_csr_out, _csr_in)}
 
 
 def _check_bounds(arr: np.ndarray, part: _Part, where: str) -> None:
@@ -330,18 +300,19 @@ def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_F
             payload would exceed the size caps; the message names the sample position and field.
     """
     specs = _resolve(fields)
-    metadata = _metadata({} if metadata is None else metadata, "metadata", "encode_samples")
+    floats: list = []  # every float in the document (see samples_json.json_native)
+    metadata = _metadata({} if metadata is None else metadata, "metadata", "encode_samples", floats)
     try:
         samples = list(samples)
     except TypeError as exc:
         raise CodecError(must_be("samples", "a sequence of Sample", type(samples).__name__)) from exc
     tensors: list[tuple[str, str, np.ndarray]] = []
-    entries = [_encode_sample(i, sample, specs, tensors) for i, sample in enumerate(samples)]
-    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(dump_document(metadata, entries), dtype=_U8)))
+    entries = [_encode_sample(i, sample, specs, tensors, floats) for i, sample in enumerate(samples)]
+    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(dump_document(metadata, entries, floats), dtype=_U8)))
     return write_frame(tensors, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES)
 
 
-def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list) -> dict:
+def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list, floats: list) -> dict:
     where = f"sample {i}"
     if not isinstance(sample, Sample):
         raise CodecError(must_be("samples[i]", "a Sample", type(sample).__name__, where=where))
@@ -353,16 +324,23 @@ def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list
     except (ValueError, TypeError) as exc:
         raise CodecError(f"invalid sample at position {i}: {exc}") from exc
     entry, nulls = {}, []
-    for name, (plain, to_json, _) in _META.items():
-        value = getattr(sample, name)
-        entry[name] = value if type(value) in plain else to_json(value, name, where)
+    for (name, plain, to_json, _), value in zip(_META_ITEMS, _META_VALUES(sample)):
+        entry[name] = value if type(value) in plain else to_json(value, name, where, floats)
+    if type(entry["reward"]) is float:  # the one top-level field that may hold a float
+        floats.append(entry["reward"])
     for spec in specs:
         value = getattr(sample, spec.name)
         if value is None:
             if not spec.absent_is_none:
                 nulls.append(spec.name)
             continue
-        for part, arr in zip(spec.parts, _KINDS[spec.kind][0](spec, value, where)):
+        if spec.kind == "tensor":
+            arrays = (_to_wire_array(value, spec.parts[0], where),)
+        elif not isinstance(value, RolloutSamplingMask):
+            raise CodecError(must_be(spec.name, "a RolloutSamplingMask", type(value).__name__, where=where))
+        else:
+            arrays = value.as_arrays()
+        for part, arr in zip(spec.parts, arrays):
             if arr.dtype != part.dtype:
                 raise CodecError(must_be(part.name, f"dtype {part.dtype}", f"dtype {arr.dtype}", where=where))
             if not spec.strict and (part.low is not None or part.high is not None):
@@ -405,9 +383,8 @@ def decode_samples(payload: bytes, fields: Sequence[str] = COMPUTED_FIELDS, *, m
 def _decode(payload: bytes, specs: tuple[_Field, ...], max_header: int) -> tuple[list[Sample], dict]:
     entries = read_frame(payload, max_header)
     begin, count = _claim(entries, META_TENSOR, _META_PART, "the payload")
-    raw = payload[begin:begin + count]
-    document = load_document(raw)
-    document = _loads(raw, META_TENSOR) if document is None else document
+    document = load_document(payload, begin, begin + count)
+    document = _loads(payload[begin:begin + count], META_TENSOR) if document is None else document
     if type(document) is not dict or document.keys() != {"metadata", "samples"}:
         raise CodecError(must_be(META_TENSOR, "an object with keys metadata, samples", _clip(document)))
     if type(document["samples"]) is not list:
@@ -428,30 +405,38 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
         raise CodecError(must_be(f"{META_TENSOR} entry", f"an object with keys {sorted(_SAMPLE_KEYS)}", got,
                                  where=where))
     kwargs = {}
-    for name, (plain, _, from_json) in _META.items():
+    for name, plain, _, from_json in _META_ITEMS:
         value = entry[name]
         kwargs[name] = value if type(value) in plain else from_json(value, name, where)
-    nulls, allowed = entry["nulls"], [s.name for s in specs if s.nullable]
+    nulls = entry["nulls"]
+    allowed = [s.name for s in specs if s.nullable] if nulls else ()
     if type(nulls) is not list or any(n not in allowed for n in nulls) or len(set(nulls)) != len(nulls):
+        allowed = [s.name for s in specs if s.nullable]
         raise CodecError(must_be("nulls", f"distinct names among {allowed}", _clip(nulls), where=where))
+    suffix = f".{i}"
     for spec in specs:
-        if spec.name in nulls or (spec.absent_is_none and f"{spec.parts[0].name}.{i}" not in entries):
+        if spec.name in nulls or (spec.absent_is_none and spec.parts[0].name + suffix not in entries):
             kwargs[spec.name] = None
-            continue
-        arrays = []
-        for part in spec.parts:
-            begin, count = _claim(entries, f"{part.name}.{i}", part, where)
-            arr = np.frombuffer(payload, dtype=part.dtype, count=count, offset=begin)
-            if part.low is not None or part.high is not None:
-                _check_bounds(arr, part, where)
-            arrays.append(arr)
-        kwargs[spec.name] = _KINDS[spec.kind][1](spec, arrays, where)
+        elif spec.kind == "tensor":
+            kwargs[spec.name] = _view(payload, entries, spec.parts[0], suffix, where)
+        else:
+            kwargs[spec.name] = _csr_in(spec, [_view(payload, entries, part, suffix, where) for part in spec.parts],
+                                        where)
     try:
         sample = Sample(**kwargs)
         sample.validate()
     except (ValueError, TypeError) as exc:
         raise CodecError(f"decoded sample at position {i} is inconsistent: {exc}") from exc
     return sample
+
+
+def _view(payload: bytes, entries: dict, part: _Part, suffix: str, where: str) -> np.ndarray:
+    """One promised tensor as a read-only view of the payload, its values within the part's bounds."""
+    begin, count = _claim(entries, part.name + suffix, part, where)
+    arr = np.frombuffer(payload, part.dtype, count, begin)
+    if part.low is not None or part.high is not None:
+        _check_bounds(arr, part, where)
+    return arr
 
 
 def _claim(entries: dict, name: str, part: _Part, where: str) -> tuple[int, int]:

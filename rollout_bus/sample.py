@@ -155,39 +155,38 @@ class Sample:
 
     def validate(self) -> None:
         """Check the per-token fields agree with ``response_length``; raise ContractError if not."""
-        where = self._where()
         rl = self.response_length
-        if not _is_int(rl):
-            raise ContractError(must_be("response_length", "an integer", rl, where=where))
+        if type(rl) is not int and not _is_int(rl):
+            raise ContractError(must_be("response_length", "an integer", rl, where=self._where()))
         if rl < 0:
-            raise ContractError(must_be("response_length", ">= 0", rl, where=where))
-        if not isinstance(self.status, Status):
-            raise ContractError(must_be("status", "a Status", self.status, where=where))
+            raise ContractError(must_be("response_length", ">= 0", rl, where=self._where()))
+        if type(self.status) is not Status and not isinstance(self.status, Status):
+            raise ContractError(must_be("status", "a Status", self.status, where=self._where()))
         if len(self.tokens) < rl:
             raise ContractError(
-                must_be("len(tokens)", f">= response_length={rl}", len(self.tokens), where=where)
+                must_be("len(tokens)", f">= response_length={rl}", len(self.tokens), where=self._where())
             )
-        for name in ("loss_mask", "rollout_log_probs", "rollout_token_versions"):
-            value = getattr(self, name)
+        for name, value in (("loss_mask", self.loss_mask), ("rollout_log_probs", self.rollout_log_probs),
+                            ("rollout_token_versions", self.rollout_token_versions)):
             if value is not None and len(value) != rl:
-                raise ContractError(must_be(f"len({name})", f"response_length={rl}", len(value), where=where))
+                raise ContractError(must_be(f"len({name})", f"response_length={rl}", len(value),
+                                            where=self._where()))
         if self.rollout_token_versions is not None and len(self.rollout_token_versions):
             versions = np.asarray(self.rollout_token_versions)
             if versions.dtype.kind not in "iu" or (versions.dtype.kind == "u" and versions.dtype.itemsize >= 8):
                 raise ContractError(must_be("rollout_token_versions", "int64 weight versions", versions.dtype,
-                                            where=where))
+                                            where=self._where()))
             if int(versions.min()) < -1:
                 raise ContractError(must_be("rollout_token_versions", "versions >= 0, or -1 for a token not "
-                                            "generated", int(versions.min()), where=where))
+                                            "generated", int(versions.min()), where=self._where()))
         mask = self.rollout_sampling_mask
         if mask is not None:
             if not isinstance(mask, RolloutSamplingMask):
-                raise ContractError(
-                    must_be("rollout_sampling_mask", "a RolloutSamplingMask", type(mask).__name__, where=where)
-                )
+                raise ContractError(must_be("rollout_sampling_mask", "a RolloutSamplingMask", type(mask).__name__,
+                                            where=self._where()))
             if len(mask) != rl:
                 raise ContractError(
-                    must_be("len(rollout_sampling_mask)", f"response_length={rl}", len(mask), where=where)
+                    must_be("len(rollout_sampling_mask)", f"response_length={rl}", len(mask), where=self._where())
                 )
 
     def strip_last_output_tokens(self, n: int, tokenizer: Any = None) -> None:

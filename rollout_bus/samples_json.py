@@ -1,13 +1,23 @@
-"""The samples document's JSON, fast for long texts: exactly ``json``'s output, or a plain fallback.
+"""The samples document's JSON: what may go in it, and exactly ``json``'s output, written fast.
 
 Contract (used by ``rollout_bus.codec`` for the ``_samples_meta`` tensor):
 
-* ``dump_document(metadata, entries) -> bytes`` is byte for byte
+* ``json_native(value, name, where, floats)`` returns ``value`` or raises ``CodecError`` for
+  what JSON would silently change or cannot hold (non-str keys, tuples, numpy values, nesting
+  deeper than ``MAX_JSON_DEPTH``); it appends every float it finds to ``floats``, and every dict
+  or list subclass. ``flat(value)``: a dict of str keys and non-float scalars (native for sure).
+* ``dump_document(metadata, entries, floats=None) -> bytes`` is byte for byte
   ``json.dumps({"metadata": metadata, "samples": entries}, sort_keys=True, separators=(",", ":"),
-  ensure_ascii=False).encode()``; long prompt/response texts that need no escaping are written
-  verbatim instead of through the encoder's escaping (``CodecError`` for what JSON cannot hold).
-* ``load_document(raw) -> dict | None`` is ``json.loads(raw)`` with long sample responses cut out
-  by byte search before parsing, or None when it is not sure (the caller then parses plainly).
+  ensure_ascii=False).encode()`` (``CodecError`` for what JSON cannot hold). Long prompt/response
+  texts that need no escaping are lifted out and spliced back verbatim. ``floats`` (every float
+  in the document and every container subclass, from ``json_native``) lets orjson write the rest
+  when it spells each of them as ``json`` does: it writes strings, ints and key order alike and
+  refuses what it cannot write (~2x faster than the json module on the short rest, which for
+  the same reason also stays small: a long document grows orjson's buffer, and the heap the
+  payload is allocated from next, measured in ``bench/codec.py``). ``floats=None``: json writes.
+* ``load_document(buffer, begin=0, end=None) -> dict | None`` is ``json.loads(buffer[begin:end])``
+  with long sample responses cut out by byte search before parsing, or None when it is not sure
+  (the caller then parses plainly).
 """
 
 from __future__ import annotations
@@ -17,8 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from rollout_bus.errors import CodecError
+from rollout_bus.errors import CodecError, must_be
 
+try:
+    import orjson
+except ImportError:  # a declared dependency; without it the json module writes every document
+    orjson = None
+
+MAX_JSON_DEPTH = 200
 _U8 = np.dtype("u1")
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 # Escaping text costs the JSON encoder ~4 ns a character; a string without quote, backslash or
@@ -27,12 +43,64 @@ _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fal
 _VERBATIM_MIN = 512
 _MARK = "\x00\x01"
 _MARK_JSON = _JSON.encode(_MARK)
+_MARK_UTF8 = _MARK_JSON.encode("ascii")
 
 
-def dump_document(metadata: dict, entries: list[dict]) -> bytes:
+_FLAT = frozenset({str, int, bool, type(None)})  # exact scalar types every JSON writer spells alike
+_STR = frozenset({str})
+
+
+def flat(value: Any) -> bool:
+    """A dict of str keys and scalars other than floats (most metadata and prompt messages)."""
+    return type(value) is dict and {*map(type, value)} <= _STR and {*map(type, value.values())} <= _FLAT
+
+
+def json_native(value: Any, name: str, where: str, floats: list) -> Any:
+    """Refuse what JSON would silently change (non-str keys, tuples, numpy values) or cannot hold.
+
+    Appends to ``floats`` every float found, and any dict or list subclass: ``dump_document``
+    lets orjson write only what it spells as json does.
+    """
+    if flat(value):
+        return value
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise CodecError(must_be(name, f"nested at most {MAX_JSON_DEPTH} deep, not circular", "deeper",
+                                     where=where))
+        if isinstance(node, dict):
+            if not all(isinstance(key, str) for key in node):
+                raise CodecError(must_be(f"{name} keys", "str", [k for k in node if not isinstance(k, str)][0],
+                                         where=where))
+            if type(node) is not dict:
+                floats.append(node)
+            node = node.values()
+        elif not isinstance(node, list):
+            if node is None or isinstance(node, (str, int, float)):
+                continue
+            raise CodecError(must_be(name, "JSON-native (dict with str keys, list, str, int, float, bool, None)",
+                                     type(node).__name__, where=where))
+        elif type(node) is not list:
+            floats.append(node)
+        floats.extend(child for child in node if isinstance(child, float))
+        stack.extend((child, depth + 1) for child in node if not isinstance(child, (str, int, float)))
+    return value
+
+
+def dump_document(metadata: dict, entries: list[dict], floats: list | None = None) -> bytes:
     """The compact, key-sorted UTF-8 JSON of all samples: exactly ``_JSON``'s output, faster."""
     texts: list[bytes] = []
     lifted = [_lift_texts(entry, texts) for entry in entries]
+    if floats is not None and orjson is not None and all(map(_spelled_alike, floats)):
+        try:
+            document = _splice(orjson.dumps({"metadata": metadata, "samples": lifted}, option=orjson.OPT_SORT_KEYS),
+                               texts)
+            if document is None:  # a lifted text holds a control character (a newline, say): orjson escapes
+                document = orjson.dumps({"metadata": metadata, "samples": entries}, option=orjson.OPT_SORT_KEYS)
+            return document
+        except TypeError:  # an int beyond 64 bits, a lone surrogate, a str subclass as a key: json decides
+            pass
     try:
         if texts:
             pieces = _JSON.encode({"metadata": metadata, "samples": lifted}).split(_MARK_JSON)
@@ -47,6 +115,26 @@ def dump_document(metadata: dict, entries: list[dict]) -> bytes:
         return _JSON.encode({"metadata": metadata, "samples": entries}).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise CodecError(f"samples metadata cannot be written as JSON: {exc}") from exc
+
+
+def _splice(written: bytes, texts: list[bytes]) -> bytes | None:
+    """orjson's UTF-8 document with the lifted texts put back; None if one holds a control character
+    or _MARK is found elsewhere too (then the document is written whole)."""
+    if not texts:
+        return written
+    pieces = written.split(_MARK_UTF8)
+    if len(pieces) != len(texts) + 1:
+        return None
+    out = [pieces[0]]
+    for raw, piece in zip(texts, pieces[1:]):
+        out += (b'"', raw, b'"', piece)
+    document = b"".join(out)
+    return document if np.frombuffer(document, dtype=_U8).min() >= 0x20 else None
+
+
+def _spelled_alike(value: Any) -> bool:
+    """orjson writes this float as ``json`` does (not so for small exponents, NaN and infinities)."""
+    return type(value) is float and orjson.dumps(value) == float.__repr__(value).encode()
 
 
 def _lift_texts(entry: dict, texts: list[bytes]) -> dict:
@@ -92,38 +180,45 @@ def _verbatim(text: Any) -> bytes | None:
 
 _MARK_RAW = _MARK_JSON[1:-1].encode("ascii")
 _RESPONSE_KEY = b'"response":"'
+_SCAN = json.JSONDecoder().scan_once  # json.loads without its wrapper: same parser, same results
 
 
-def load_document(raw: bytes) -> dict | None:
-    """``json.loads(raw)`` with long sample responses cut out by byte search, or None when unsure.
+def load_document(buffer: bytes, begin: int = 0, end: int | None = None) -> dict | None:
+    """``json.loads(buffer[begin:end])`` with long sample responses cut out by byte search, or None
+    when unsure. The document is read in place (no copy of it, nor of a text before decoding), by
+    the parser json.loads calls, without its wrapper (a few microseconds for a short document).
 
     Scanning text costs the JSON parser ~1 ns a character. In a document without a backslash
     every quote delimits a string, so a response runs to the next quote, and the escape _MARK
     stands in for it unambiguously; a _MARK found anywhere but in a sample's response means
-    the search hit something else, and None sends the caller to the plain parser.
+    the search hit something else, and None sends the caller to the plain parser. So does a
+    document that is not one JSON value from its first byte to its last (json.loads would skip
+    whitespace around it, or refuse it).
     """
-    if b"\\" in raw:
+    end = len(buffer) if end is None else end
+    if buffer.find(b"\\", begin, end) >= 0:
         return None
-    spans, at = [], raw.find(_RESPONSE_KEY)
+    spans, at = [], buffer.find(_RESPONSE_KEY, begin, end)
     while at >= 0:
-        begin = at + len(_RESPONSE_KEY)
-        end = raw.find(b'"', begin)
-        if end < 0:
+        start = at + len(_RESPONSE_KEY)
+        stop = buffer.find(b'"', start, end)
+        if stop < 0:
             return None
-        if end - begin >= _VERBATIM_MIN:
-            spans.append((begin, end))
-        at = raw.find(_RESPONSE_KEY, end + 1)
-    if not spans or np.frombuffer(raw, dtype=_U8).min() < 0x20:  # control characters: let json.loads judge
+        if stop - start >= _VERBATIM_MIN:
+            spans.append((start, stop))
+        at = buffer.find(_RESPONSE_KEY, stop + 1, end)
+    if spans and np.frombuffer(buffer, _U8, end - begin, begin).min() < 0x20:  # control characters: json judges
         return None
-    cuts = [0, *(at for span in spans for at in span), len(raw)]
+    view, cuts = memoryview(buffer), [begin, *(at for span in spans for at in span), end]
     try:
-        texts = [raw[begin:end].decode("utf-8") for begin, end in spans]
-        document = json.loads(_MARK_RAW.join(raw[cuts[k]:cuts[k + 1]] for k in range(0, len(cuts), 2)).decode())
-    except (ValueError, RecursionError):
+        texts = [str(view[start:stop], "utf-8") for start, stop in spans]
+        rest = str(_MARK_RAW.join(view[cuts[k]:cuts[k + 1]] for k in range(0, len(cuts), 2)), "utf-8")
+        document, stop = _SCAN(rest, 0)
+    except (ValueError, RecursionError, StopIteration):
         return None
     samples = document.get("samples") if type(document) is dict else None
     marked = [e for e in samples if type(e) is dict and e.get("response") == _MARK] if type(samples) is list else []
-    if len(marked) != len(texts):
+    if stop != len(rest) or len(marked) != len(texts):
         return None
     for entry, text in zip(marked, texts):
         entry["response"] = text

@@ -114,8 +114,9 @@ class RolloutSamplingMask:
         self._adopt(owned_ids, owned_offsets)
 
     def _adopt(self, ids: np.ndarray, offsets: np.ndarray) -> None:
-        ids.flags.writeable = False
-        offsets.flags.writeable = False
+        for arr in (ids, offsets):
+            if arr.flags.writeable:  # views of a bytes payload are read-only already (cheaper to ask)
+                arr.flags.writeable = False
         object.__setattr__(self, "_ids", ids)
         object.__setattr__(self, "_offsets", offsets)
 

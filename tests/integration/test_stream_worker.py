@@ -19,7 +19,7 @@ from producers.generator import iter_turns
 from producers.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats, adapter_scope
+from rollout_bus.episode_stats import adapter_scope
 from rollout_bus.metrics import compute_metrics_from_samples, get_rollout_key
 from rollout_bus.records import TurnHeaders, decode_episode
 from rollout_bus.topics import rollout_key_string
