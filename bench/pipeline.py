@@ -1,97 +1,53 @@
 """Pipeline throughput against the raw bus, measured side by side in one run on the local broker.
 
-The same encoded turn records (the generator's default workload, scaled by --episodes) are
-(1) produced with kafka-python and consumed back with no processing: the raw-bus ceiling; and
-(2) produced into the full pipeline (stream worker + shard writer processes, started and warm):
-turns in, shards out. Reports turns/s of both and their ratio, response tokens/s, p50/p99 latency
-from a final turn's send to its episode record and to its batch's manifest on rollout.shards, and the
-peak memory (VmHWM) of each stage process.
+The same encoded turn records (the generator's workload, scaled by --episodes) are
+(1) produced with kafka-python and consumed back with no processing: the raw-bus ceiling (run just
+before and just after the pipeline; the better run counts); and
+(2) produced into the full pipeline (stream worker(s) + shard writer processes, started and warm):
+turns in, shards out; done once every final turn's episode is in a batch announced on rollout.shards.
+Reports turns/s of both and their ratio, response tokens/s, p50/p99 latency (under that full-speed
+load) from a final turn's send to its episode record and to its batch's announcement on rollout.shards
+(broker LogAppendTime), and the peak memory (VmHWM) of each stage process. Every pipeline run is
+fresh (new topics, groups, out dir); progress goes to stderr, figures to stdout.
+
+Modes (combine freely; each adds its rows after the default ones):
 
     .venv/bin/python bench/pipeline.py [--episodes 512] [--bootstrap-servers 127.0.0.1:39092]
+    .venv/bin/python bench/pipeline.py --workload long [--episodes 256]
+        responses of 1,000-4,000 tokens per turn (sampling masks on): pipeline/raw ratio and response
+        tokens/s per stream worker; 8 distinct episodes generated, copied under new ids (--distinct)
+    .venv/bin/python bench/pipeline.py --latency
+        then a fresh pipeline fed at 50% of the throughput just measured (--pace, each record at its
+        scheduled time): final turn -> episode record and -> batch announcement, p50/p99
+    .venv/bin/python bench/pipeline.py [--stream-workers 2] [--compare-workers]
+        N stream workers sharing one Faust group; --compare-workers: 1 and 2 workers on the same
+        records, turns/s of each and 2/1 (the default run lasts ~2 s and its ratio swings with the
+        load; --episodes 2048 --distinct 512 gives runs of several seconds)
+    .venv/bin/python bench/pipeline.py --memory
+        also a fresh run at 4x --episodes (copies of the same episodes): peak RSS per stage at 1x and
+        4x and 4x/1x (target <= 1.2)
+
+--episodes is rounded up to whole batches (16 episodes): no end-of-run is sent, so a partial batch
+would never be written. Stage logs stay under --out/<run>/logs.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
-import json
+import math
+import os
+import signal
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
-from rich.console import Console
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pipeline_runs import WHOLE_BATCH, generate, log, pipeline_run, raw_bus  # noqa: E402
 
-from producers.generator import iter_turns
-from producers.publisher import producer_defaults
-from rollout_bus.codec import encode_samples
-from rollout_bus.config import GenerateSettings
-from rollout_bus.kafka.local_broker import BrokerLease
-from rollout_bus.metrics import get_rollout_key
-from rollout_bus.records import TURN_FIELDS, TurnHeaders
-from rollout_bus.tools.accounting import written_batches
-from rollout_bus.tools.demo import DemoOptions, DemoRun
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.kafka.local_broker import BrokerLease  # noqa: E402
 
-LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
-
-
-def encoded_turns(episodes: int, seed: int) -> tuple[list[tuple[bytes, bytes, dict]], int]:
-    records, response_tokens = [], 0
-    for sample, args in iter_turns(GenerateSettings(episodes=episodes, seed=seed)):
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
-        records.append((key, encode_samples([sample], TURN_FIELDS), args))
-        response_tokens += sample.response_length
-    return records, response_tokens
-
-
-def produce(bootstrap: str, topic: str, records) -> float:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **producer_defaults())
-    began = time.monotonic()
-    for key, value, args in records:
-        headers = TurnHeaders(turn=args["turn"], attempt=args["attempt"], final=args["final"],
-                              group_size=args["group_size"], sent_at_ms=int(time.time() * 1000)).to_kafka()
-        producer.send(topic, key=key, value=value, headers=headers)
-    producer.flush()
-    producer.close()
-    return began
-
-
-def raw_bus(bootstrap: str, records, partitions: int) -> float:
-    """Seconds from the first send until a plain consumer, reading concurrently, has every record."""
-    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=LOG_APPEND)])
-    admin.close()
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
-                             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
-    consumer.poll(timeout_ms=1000)  # assigned and fetching before the clock starts
-    done = threading.Event()
-
-    def consume() -> None:
-        seen = 0
-        while seen < len(records):
-            seen += sum(len(b) for b in consumer.poll(timeout_ms=200, max_records=10000).values())
-        done.set()
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    began = produce(bootstrap, topic, records)
-    done.wait(timeout=600)
-    elapsed = time.monotonic() - began
-    reader.join(timeout=5)
-    consumer.close()
-    return elapsed
-
-
-def vm_hwm_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+DEFAULT_EPISODES = {"default": 512, "long": 256}
+DEFAULT_DISTINCT = {"default": None, "long": 8}  # None: every episode distinct
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -99,80 +55,130 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
 
 
-def full_pipeline(bootstrap: str, records, episodes: int, out: Path) -> dict:
-    run = DemoRun({"bootstrap_servers": bootstrap}, DemoOptions(episodes=episodes, out=out),
-                  Console(file=io.StringIO()))
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(s.name, s.partitions, 1, topic_configs=LOG_APPEND) for s in run.topics.specs()])
-    admin.close()
-    run.start_stages(generator=False)
-    time.sleep(12)  # both stages up: Faust joins its group and recovers, the writer assigns its partitions
-    sent_at = {}
-    try:
-        began = produce(bootstrap, run.topics.turns, records)
-        finals = {key for key, _v, args in records if args["final"]}
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            placed = {e["key"] for m in written_batches(out / "shards").values()
-                      for e in m.get("extra", {}).get("episodes", [])}
-            if placed >= {k.decode() for k in finals}:
-                break
-            time.sleep(0.05)
-        elapsed = time.monotonic() - began
-        memory = {name: vm_hwm_mb(stage.pid) for name, stage in run.stages.items()}
-    finally:
-        run.stop_stages()
-    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                           consumer_timeout_ms=3000)
-    reader.subscribe([run.topics.turns, run.topics.episodes, run.topics.shards])
-    episode_at, batch_at = {}, {}
-    for record in reader:
-        key = record.key.decode() if record.key else ""
-        if record.topic == run.topics.turns and dict(record.headers).get("final") == b"1":
-            sent_at[key] = int(dict(record.headers)["sent_at"])
-        elif record.topic == run.topics.episodes:
-            episode_at.setdefault(key, record.timestamp)
-        elif record.topic == run.topics.shards:
-            for episode in json.loads(record.value).get("extra", {}).get("episodes", []):
-                batch_at.setdefault(episode["key"], record.timestamp)
-    reader.close()
-    return {"elapsed": elapsed, "memory": memory,
-            "to_episode": [episode_at[k] - t for k, t in sent_at.items() if k in episode_at],
-            "to_batch": [batch_at[k] - t for k, t in sent_at.items() if k in batch_at]}
+def latency_rows(prefix: str, result: dict) -> None:
+    for name in ("to_episode", "to_batch"):
+        values = result[name]
+        print(f"{prefix}latency final turn -> {name[3:]:<8}: p50 {percentile(values, 0.5):6.0f} ms  "
+              f"p99 {percentile(values, 0.99):6.0f} ms  (n={len(values)})")
+
+
+def memory_text(memory: dict) -> str:
+    return ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(DEFAULT_EPISODES), default="default")
+    parser.add_argument("--episodes", type=int, default=None, help="default: 512 (default workload), 256 (long)")
+    parser.add_argument("--distinct", type=int, default=None,
+                        help="episodes generated; copies of them under new ids make up --episodes "
+                             "(default: all distinct for the default workload, 8 for long)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream-workers", type=int, default=1)
+    parser.add_argument("--compare-workers", action="store_true", help="pipeline turns/s with 1 and 2 workers")
+    parser.add_argument("--latency", action="store_true", help="a paced run: latency at --pace of the throughput")
+    parser.add_argument("--pace", type=float, default=0.5, help="--latency's rate, a share of pipeline turns/s")
+    parser.add_argument("--memory", action="store_true", help="peak RSS per stage at --episodes and at 4x")
+    parser.add_argument("--bootstrap-servers", default=None)
+    parser.add_argument("--keep-topics", action="store_true", help="do not delete each run's topics afterwards")
+    parser.add_argument("--out", type=Path, default=Path(f"/tmp/rollout-bus-bench-{uuid.uuid4().hex[:6]}"))
+    args = parser.parse_args()
+    asked = args.episodes or DEFAULT_EPISODES[args.workload]
+    distinct = args.distinct or DEFAULT_DISTINCT[args.workload]
+    # whole batches, made of whole copies of whole groups (4 episodes)
+    step = WHOLE_BATCH if distinct is None else math.lcm(WHOLE_BATCH, 4 * math.ceil(distinct / 4))
+    args.episodes = step * math.ceil(asked / step)
+    args.distinct = args.episodes if distinct is None else 4 * math.ceil(distinct / 4)
+    if args.episodes != asked:
+        log(f"--episodes {asked} rounded up to {args.episodes} (whole batches of {WHOLE_BATCH} episodes, "
+            f"whole copies of {args.distinct})")
+    return args
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bootstrap-servers", default=None)
-    parser.add_argument("--out", type=Path, default=Path(f"/tmp/rollout-bus-bench-{uuid.uuid4().hex[:6]}"))
-    args = parser.parse_args()
-    print(f"generating {args.episodes} episodes (default workload) ...", file=sys.stderr)
-    records, response_tokens = encoded_turns(args.episodes, args.seed)
+    args = parse_args()
+    copies = args.episodes // args.distinct
+    log(f"generating {args.distinct} distinct episodes ({args.workload} workload) ...")
+    workload = generate(args.workload, args.distinct, args.seed)
+    records, response_tokens = workload.records(copies)
     payload = sum(len(k) + len(v) for k, v, _ in records)
-    print(f"{len(records)} turn records, {payload / 1e6:.1f} MB, {response_tokens} response tokens", file=sys.stderr)
-    with BrokerLease(args.bootstrap_servers, echo=lambda m: print(m, file=sys.stderr)) as bootstrap:
-        raw_before = raw_bus(bootstrap, records, partitions=4)
-        print(f"raw bus done in {raw_before:.2f}s; running the pipeline ...", file=sys.stderr)
-        result = full_pipeline(bootstrap, records, args.episodes, args.out)
-        raw_after = raw_bus(bootstrap, records, partitions=4)
+    log(f"{len(records)} turn records, {payload / 1e6:.1f} MB, {response_tokens} response tokens")
+    kw = {"keep_topics": args.keep_topics}
+    extra = {}
+    with BrokerLease(args.bootstrap_servers, echo=log) as bootstrap:
+        log("raw bus (before the pipeline) ...")
+        raw_before = raw_bus(bootstrap, records)
+        log(f"raw bus done in {raw_before:.2f}s; running the pipeline with {args.stream_workers} stream worker(s) ...")
+        result = pipeline_run(bootstrap, records, args.episodes, args.out / "pipeline", workers=args.stream_workers,
+                              **kw)
+        log("raw bus (after the pipeline) ...")
+        raw_after = raw_bus(bootstrap, records)
         raw_s = min(raw_before, raw_after)  # the ceiling: the better of the runs either side of the pipeline
-        print(f"raw bus runs: {raw_before:.2f}s before, {raw_after:.2f}s after the pipeline", file=sys.stderr)
+        log(f"raw bus runs: {raw_before:.2f}s before, {raw_after:.2f}s after the pipeline")
+        by_workers = {args.stream_workers: result}
+        for workers in ((1, 2) if args.compare_workers else ()):
+            if workers not in by_workers:
+                log(f"compare-workers: a fresh pipeline with {workers} stream worker(s) ...")
+                by_workers[workers] = pipeline_run(bootstrap, records, args.episodes,
+                                                   args.out / f"workers-{workers}", workers=workers, **kw)
+        if args.memory:
+            log(f"memory: a fresh pipeline at 4x ({4 * args.episodes} episodes) ...")
+            records_4x = workload.records(4 * copies)[0]
+            extra["memory"] = pipeline_run(bootstrap, records_4x, 4 * args.episodes, args.out / "memory-4x",
+                                           workers=args.stream_workers, **kw)
+        if args.latency:
+            rate = args.pace * len(records) / result["elapsed"]
+            log(f"latency: a fresh pipeline fed at {rate:.0f} turns/s ...")
+            extra["latency"] = pipeline_run(bootstrap, records, args.episodes, args.out / "paced",
+                                            workers=args.stream_workers, rate=rate, **kw)
+    log(f"stage logs under {args.out}")
+
     pipe_s = result["elapsed"]
     raw_tps, pipe_tps = len(records) / raw_s, len(records) / pipe_s
+    if args.workload != "default" or copies > 1:
+        print(f"workload: {args.workload} ({args.distinct} distinct episodes x {copies} copies under new ids"
+              + ("; responses 1000-4000 tokens per turn, sampling masks on)" if args.workload == "long" else ")"))
     print(f"turns: {len(records)}  episodes: {args.episodes}  payload: {payload / 1e6:.1f} MB")
     print(f"raw bus (produce + consume, no processing): {raw_tps:8.0f} turns/s  ({raw_s:.2f}s)")
     print(f"full pipeline (turns in, shards out):       {pipe_tps:8.0f} turns/s  ({pipe_s:.2f}s), "
           f"{response_tokens / pipe_s:.0f} response tokens/s")
     print(f"pipeline / raw bus: {pipe_tps / raw_tps:.2f}x  (target >= 0.5x)")
-    for name in ("to_episode", "to_batch"):
-        values = result[name]
-        print(f"latency final turn -> {name[3:]:<8}: p50 {percentile(values, 0.5):6.0f} ms  "
-              f"p99 {percentile(values, 0.99):6.0f} ms  (n={len(values)})")
-    print("peak memory (VmHWM): " + ", ".join(f"{k} {v:.0f} MB" for k, v in result["memory"].items()))
+    latency_rows("", result)
+    print(f"peak memory (VmHWM): {memory_text(result['memory'])}")
+    if args.workload != "default" or args.stream_workers != 1:
+        print(f"response tokens/s per stream worker: {response_tokens / pipe_s / args.stream_workers:.0f}  "
+              f"({args.stream_workers} stream worker(s))")
+    if args.compare_workers:
+        for workers in (1, 2):
+            run = by_workers[workers]
+            print(f"stream workers {workers}: {len(records) / run['elapsed']:8.0f} turns/s  ({run['elapsed']:.2f}s)")
+        print(f"2 stream workers / 1: {by_workers[1]['elapsed'] / by_workers[2]['elapsed']:.2f}x")
+    if "memory" in extra:
+        big = extra["memory"]["memory"]
+        print(f"peak memory at 1x ({args.episodes} episodes): {memory_text(result['memory'])}")
+        print(f"peak memory at 4x ({4 * args.episodes} episodes): {memory_text(big)}")
+        print("peak memory 4x / 1x: " + ", ".join(f"{k} {big[k] / v:.2f}" for k, v in result["memory"].items())
+              + "  (target <= 1.2)")
+    if "latency" in extra:
+        paced = extra["latency"]
+        print(f"paced at {rate:.0f} turns/s ({args.pace:.0%} of {pipe_tps:.0f} turns/s; achieved "
+              f"{len(records) / paced['sent_s']:.0f} turns/s over {paced['sent_s']:.2f}s)")
+        latency_rows("paced ", paced)
     return 0
 
 
+def interrupted(signum, _frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGINT, interrupted)  # even where a shell started it with SIGINT ignored
+    signal.signal(signal.SIGTERM, interrupted)  # so every run's finally stops its stages
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        log("interrupted: stages stopped")
+        sys.exit(130)
+    except RuntimeError as exc:
+        log(f"failed: {exc}")
+        sys.exit(1)

@@ -54,6 +54,7 @@ class DemoOptions:
     # the closed loop (needs ``train``): generators wait for the trainer's weights, K steps at most behind
     max_staleness: int | None = None
     interrupt_prob: float = 0.0  # with max_staleness: share of turns cut when the weights change under them
+    stream_workers: int = 1  # stream processes sharing one Faust consumer group: stream, stream-2, ...
 
 
 def _expected_batches(options: DemoOptions) -> int:
@@ -81,11 +82,13 @@ class DemoRun:
         return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]
 
     def start_stages(self, generator: bool = True) -> None:
-        """Start stream worker and shard writer, then (unless told not to) the generator."""
+        """Start the stream worker(s) and shard writer, then (unless told not to) the generator."""
         o, logs = self.options, self.out / "logs"
-        self.stages["stream"] = StageProcess("stream", "stream", [
-            *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}-stream", "--data-dir", str(self.out / "faust")],
-            logs / "stream.log")
+        for i in range(1, o.stream_workers + 1):
+            name, suffix = ("stream", "") if i == 1 else (f"stream-{i}", f"-{i}")
+            self.stages[name] = StageProcess(name, "stream", [
+                *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}-stream",
+                "--data-dir", str(self.out / f"faust{suffix}")], logs / f"{name}.log")
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
