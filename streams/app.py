@@ -67,6 +67,9 @@ DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within 
 CATCH_UP_IDLE_S = 4.0
 TAKE_MAX_RECORDS = 256  # records processed as one batch: one state flush, one drain of their finals
 TAKE_WITHIN_S = 0.01  # the most a record waits for its batch to fill
+# records Faust reads ahead of the agent (its default, 4096, holds ~25 MB of a default backlog: peak
+# memory then grew with the backlog); two batches keep the agent fed
+STREAM_BUFFER_RECORDS = 2 * TAKE_MAX_RECORDS
 TABLE_NAME = "state"
 _RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -147,7 +150,7 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         broker_commit_interval=commit_interval_s, broker_session_timeout=10.0, broker_heartbeat_interval=3.0,
         broker_max_poll_interval=300.0, broker_rebalance_timeout=60.0, broker_request_timeout=90.0,
         producer_acks=-1, producer_max_batch_size=1 << 20, **faust_config(max_record_bytes),
-        stream_wait_empty=False, web_enabled=False, web_bind="127.0.0.1", web_port=6066,
+        stream_wait_empty=False, stream_buffer_maxsize=STREAM_BUFFER_RECORDS, web_enabled=False, web_bind="127.0.0.1", web_port=6066,
         worker_redirect_stdouts=False,
     )
     source = app.topic(topics.turns, schema=faust.Schema(**_RAW))

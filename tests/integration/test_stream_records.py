@@ -64,6 +64,8 @@ def test_an_episode_of_128k_response_tokens_with_masks_flows_through_on_default_
         (record,) = reader.until(lambda rs: len(rs) >= 1, timeout_s=120)
         segments, info = decode_episode(record.value)
         assert len(record.value) > 4 << 20  # well over Kafka's default 1 MiB record limit
+        # and over the consumers' fetch size per partition: a larger batch still comes whole (KIP-74)
+        assert len(record.value) > consumer_config()["max_partition_fetch_bytes"]
         assert len(segments) == 1 and segments[0].response_length == 4 * 32_768 + 3 * 4
         assert info.turns == 4 and len(segments[0].rollout_sampling_mask) == segments[0].response_length
     finally:
