@@ -11,6 +11,7 @@ once more at shutdown.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import tempfile
@@ -54,6 +55,9 @@ def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, wi
     logger.info("stream worker starting app_id=%s topic=%s partitions=%d window_s=%s grace_s=%s", app_id,
                 topics.turns, partitions, window_seconds, grace_seconds)
     status = 1
+    # what startup built (imports, Faust's app) lives as long as the process: a full collection
+    # scanning it paused the event loop 55-72 ms (measured); frozen, collections see new objects only
+    gc.freeze()
     try:
         status = run_app(stream_app)
     finally:

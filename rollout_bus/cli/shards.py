@@ -9,6 +9,7 @@ batching (``consumers.staleness``); the progress line counts the episodes it dro
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import typer
@@ -75,6 +76,9 @@ def shards(
     with console.status("shards: starting") as status:
         writer = ShardWriter(kafka.client_kwargs(), kafka.topics(), writer_options,
                              on_progress=lambda stats: status.update(_progress_line(stats)))
+        # what imports built (torch: ~200k objects) lives as long as the process: frozen, a full
+        # collection no longer scans it (a 76 ms pause, measured) between batches
+        gc.freeze()
         try:
             stats = writer.run()
         except KeyboardInterrupt:
