@@ -83,6 +83,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--keep-topics", action="store_true", help="do not delete each run's topics afterwards")
     parser.add_argument("--out", type=Path, default=Path(f"/tmp/rollout-bus-bench-{uuid.uuid4().hex[:6]}"))
     args = parser.parse_args()
+    if args.out.exists() and any(args.out.iterdir()):  # a shard writer resumes from what it finds there
+        parser.error(f"--out {args.out} is not empty: a run there would re-announce the batches it holds")
     asked = args.episodes or DEFAULT_EPISODES[args.workload]
     distinct = args.distinct or DEFAULT_DISTINCT[args.workload]
     # whole batches, made of whole copies of whole groups (4 episodes)
