@@ -11,7 +11,7 @@ machine state, we time:
 
 The three run in a rotating order within each repetition. Reports medians (and 10th percentiles,
 steadier on a shared machine) and ``copy_ratio = copy / codec`` (target >= 0.25) and
-``pickle_ratio = pickle / codec`` (target >= 1: the codec is no slower). Run:
+``pickle_ratio = pickle / codec`` (target >= 1.5). Run:
 ``.venv/bin/python bench/codec.py [--reps 2000] [--response-tokens 4096] [--chars-per-token 4]``.
 The text (prompt and response strings) travels in the JSON document; the codec writes long
 texts without escaping and cuts long responses out before parsing, so text costs it about a copy
