@@ -3,7 +3,7 @@
 The generator's default workload (``GenerateSettings()``: 64 episodes) is published to fresh,
 prefixed topics; one stream worker (``python -m rollout_bus.cli.stream``) runs until every
 episode is on rollout.episodes and is stopped; then every record of the changelog topic
-``{app_id}-state-changelog`` and of rollout.turns is read back with kafka-python and
+``{prefix}{app_id}-state-changelog`` and of rollout.turns is read back with kafka-python and
 ``key + value`` bytes are summed (tombstones count their key). Prints one JSON line with
 ``changelog_bytes / turn_bytes`` (target <= 1.2; a state that re-wrote the growing list of an
 episode's payloads on every turn would give about turns-per-episode / 2 + 1). Needs a broker:
@@ -91,7 +91,7 @@ def main() -> None:
         worker.terminate()
         worker.wait(timeout=60)
     turns = read_all(args.bootstrap_servers, topics.turns)
-    changelog = read_all(args.bootstrap_servers, f"{app_id}-state-changelog")
+    changelog = read_all(args.bootstrap_servers, f"{topics.group(app_id)}-state-changelog")
     turn_bytes, changelog_bytes = record_bytes(turns), record_bytes(changelog)
     print(json.dumps({"episodes": len(episodes), "turns": len(turns), "turn_bytes": turn_bytes,
                       "changelog_records": len(changelog), "changelog_bytes": changelog_bytes,

@@ -238,7 +238,7 @@ def _check(run: DemoRun) -> None:
 
 def _wait_ready(bootstrap: str, run: DemoRun, workers: int, timeout_s: float = 120) -> None:
     """Until the Faust group is Stable with every worker and the shard writer has its partitions."""
-    group, shards_log = f"rollout-bus-demo-{run.run_id}-stream", run.stages["shards"].log_path
+    group, shards_log = run.stream_group, run.stages["shards"].log_path
     admin, deadline = KafkaAdminClient(bootstrap_servers=bootstrap), time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -294,7 +294,7 @@ def pipeline_run(bootstrap: str, records, episodes: int, out: Path, *, workers: 
         episode_at = read_first_times(bootstrap, run.topics.episodes)
     finally:
         if not keep_topics:
-            delete_topics(bootstrap, [run.topics.prefix, f"rollout-bus-demo-{run.run_id}-"])
+            delete_topics(bootstrap, [run.topics.prefix])  # the changelog too: the prefix scopes its name
     return {"elapsed": elapsed, "memory": memory, "sent_s": sent - began, "out": out,
             "to_episode": [episode_at[k] - t for k, t in sent_at.items() if k in episode_at],
             "to_batch": [follower.batch_at[k] - t for k, t in sent_at.items() if k in follower.batch_at]}

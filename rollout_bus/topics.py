@@ -1,7 +1,8 @@
 """The one list of topics: what each carries and how it is keyed (PIPELINE.md).
 
 Stages meet only through these names. A prefix lets several runs share one cluster:
-``Topics(prefix="run42.")`` names ``run42.rollout.turns`` and so on.
+``Topics(prefix="run42.")`` names ``run42.rollout.turns`` and so on, and scopes the consumer groups
+and the stream's changelog the same way (``Topics.group``: ``run42.rollout-bus-stream``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class Topics:
     @property
     def weights(self) -> str:
         return f"{self.prefix}rollout.weights"
+
+    def group(self, name: str) -> str:
+        """A consumer group (or Faust app id, which also names the stream's changelog topic) scoped by
+        the prefix like the topics, so runs with different prefixes share a cluster without sharing state."""
+        return f"{self.prefix}{name}"
 
     def specs(self) -> list[TopicSpec]:
         """Every pipeline topic with its meaning, in data-flow order."""

@@ -28,9 +28,9 @@ def exporter(
                              "(0.0.0.0 in a container)."),
     interval: float = typer.Option(5.0, "--interval", min=0.1, help="Seconds between refreshes."),
     stream_group: str | None = typer.Option(None, "--stream-group", help="The stream worker's consumer group "
-                                            "(its app id; default: ROLLOUT_BUS_APP_ID or rollout-bus-stream)."),
+                                            "(its app id, after the topic prefix; default: ROLLOUT_BUS_APP_ID or rollout-bus-stream)."),
     shards_group: str | None = typer.Option(None, "--shards-group", help="The shard writer's consumer group "
-                                            "(default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
+                                            "(after the topic prefix; default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Serve the latest window and batch metrics, record counters and consumer lag to Prometheus."""

@@ -40,7 +40,8 @@ def shards(
     batching: str | None = typer.Option(None, "--batching",
                                         help="step: batch k = groups [k*G, (k+1)*G), replayable; "
                                              "arrival: the first G groups to complete."),
-    group_id: str | None = typer.Option(None, "--group-id", help="Consumer group holding the committed offsets."),
+    group_id: str | None = typer.Option(None, "--group-id", help="Consumer group holding the committed offsets "
+                                           "(after the topic prefix)."),
     normalization: str | None = typer.Option(None, "--normalization", help="Rewards: none, grpo or grpo_std."),
     exit_when_idle: bool = typer.Option(False, "--exit-when-idle",
                                         help="Exit 0 once caught up and idle (never writes a batch: pending "
@@ -64,7 +65,7 @@ def shards(
         exit_on_end_of_run=exit_on_end_of_run or None, max_batches=max_batches, max_staleness=max_staleness)
     writer_options = WriterOptions(
         out_dir=Path(settings.out), dp_size=settings.dp_size, groups_per_batch=settings.groups_per_batch,
-        batching=settings.batching, group_id=settings.group_id, normalization=settings.normalization,
+        batching=settings.batching, group_id=kafka.topics().group(settings.group_id), normalization=settings.normalization,
         exit_when_idle=settings.exit_when_idle, exit_on_end_of_run=settings.exit_on_end_of_run,
         max_batches=settings.max_batches, max_record_bytes=kafka.max_record_bytes,
         written_memory=settings.written_memory, max_staleness=settings.max_staleness,

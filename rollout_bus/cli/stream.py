@@ -18,7 +18,8 @@ def stream(
     topic_prefix: str | None = options.TOPIC_PREFIX,
     port: int = options.PORT,
     app_id: str | None = typer.Option(None, "--app-id", help="Faust app id: the consumer group and the prefix "
-                                      "of the state changelog topic. Workers with one id share the work."),
+                                      "of the state changelog topic, both after the topic prefix. Workers with one "
+                                      "id share the work."),
     window_seconds: float | None = typer.Option(None, "--window-seconds", help="Tumbling metrics window size."),
     grace_seconds: float | None = typer.Option(None, "--grace-seconds",
                                                help="Event-time grace before a window closes."),
@@ -38,7 +39,8 @@ def stream(
     settings = options.role_settings(StreamSettings, app_id=app_id, window_seconds=window_seconds,
                                      window_grace_seconds=grace_seconds, data_dir=data_dir,
                                      stats_interval_seconds=stats_interval, replication_factor=replication_factor)
-    status = run_worker(app_id=settings.app_id, client_kwargs=kafka.client_kwargs(), topics=kafka.topics(),
+    topics = kafka.topics()
+    status = run_worker(app_id=topics.group(settings.app_id), client_kwargs=kafka.client_kwargs(), topics=topics,
                         window_seconds=settings.window_seconds, grace_seconds=settings.window_grace_seconds,
                         data_dir=settings.data_dir or None, stats_interval_s=settings.stats_interval_seconds,
                         commit_interval_s=settings.commit_interval_seconds,

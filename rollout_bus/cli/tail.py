@@ -35,10 +35,11 @@ BATCH_COLUMNS = [("num_training_samples", "rows"), ("response_len/mean", "resp l
 
 
 def stage_groups(kafka: KafkaSettings, stream_group: str | None, shards_group: str | None) -> list[tuple[str, str]]:
-    """(group, topic) of the stream worker and the shard writer; settings fill what flags leave out."""
+    """(group, topic) of the stream worker and the shard writer, scoped by the topic prefix as the stages
+    scope them; settings fill what flags leave out."""
     topics = kafka.topics()
-    return [(stream_group or StreamSettings().app_id, topics.turns),
-            (shards_group or ShardSettings().group_id, topics.episodes)]
+    return [(topics.group(stream_group or StreamSettings().app_id), topics.turns),
+            (topics.group(shards_group or ShardSettings().group_id), topics.episodes)]
 
 
 def _short(metrics: dict[str, Any], adapter: str | None) -> dict[str, Any]:
@@ -120,9 +121,9 @@ def tail(
     json_output: bool = typer.Option(False, "--json", help="Print snapshots as JSON (one line each)."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between refreshes."),
     stream_group: str | None = typer.Option(None, "--stream-group", help="The stream worker's consumer group "
-                                            "(its app id; default: ROLLOUT_BUS_APP_ID or rollout-bus-stream)."),
+                                            "(its app id, after the topic prefix; default: ROLLOUT_BUS_APP_ID or rollout-bus-stream)."),
     shards_group: str | None = typer.Option(None, "--shards-group", help="The shard writer's consumer group "
-                                            "(default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
+                                            "(after the topic prefix; default: ROLLOUT_BUS_GROUP_ID or rollout-bus-shards)."),
 ) -> None:
     """Live metrics from rollout.metrics, dead letters by reason, and consumer lag, refreshing in place."""
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)

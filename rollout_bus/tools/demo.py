@@ -34,6 +34,10 @@ from rollout_bus.tools.train_sim import TrainingCheck, read_trained, reconcile_t
 from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
+# the stages' own default names, given explicitly (no ROLLOUT_BUS_APP_ID from the environment): the
+# run's topic prefix makes them the run's own
+STREAM_APP_ID, SHARDS_GROUP_ID = "rollout-bus-stream", "rollout-bus-shards"
+
 @dataclass
 class DemoOptions:
     """What the demo runs; defaults finish well under two minutes on two cores."""
@@ -81,17 +85,26 @@ class DemoRun:
     def _common(self) -> list[str]:
         return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]
 
+    @property
+    def stream_group(self) -> str:
+        """The stream workers' consumer group (the topic prefix scopes it, as it scopes the topics)."""
+        return self.topics.group(STREAM_APP_ID)
+
+    @property
+    def shards_group(self) -> str:
+        return self.topics.group(SHARDS_GROUP_ID)
+
     def start_stages(self, generator: bool = True) -> None:
         """Start the stream worker(s) and shard writer, then (unless told not to) the generator."""
         o, logs = self.options, self.out / "logs"
         for i in range(1, o.stream_workers + 1):
             name, suffix = ("stream", "") if i == 1 else (f"stream-{i}", f"-{i}")
             self.stages[name] = StageProcess(name, "stream", [
-                *self._common(), "--app-id", f"rollout-bus-demo-{self.run_id}-stream",
+                *self._common(), "--app-id", STREAM_APP_ID,
                 "--data-dir", str(self.out / f"faust{suffix}")], logs / f"{name}.log")
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
-            "--groups-per-batch", str(o.groups_per_batch), "--group-id", f"rollout-bus-demo-{self.run_id}-shards",
+            "--groups-per-batch", str(o.groups_per_batch), "--group-id", SHARDS_GROUP_ID,
             "--exit-on-end-of-run", *(["--max-staleness", str(o.max_staleness)] if o.max_staleness is not None else [])],
             logs / "shards.log")
         if o.train:

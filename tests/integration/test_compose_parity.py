@@ -3,7 +3,7 @@
 The services' own commands and environment are read from compose/docker-compose.yml (its
 ``${NAME:-default}`` interpolation fed a few small values, as a user's ``.env`` would), with only
 what a container gives for free replaced: the bootstrap servers become the test broker's, the
-topic prefix and the consumer-group names are made unique to this run, and container paths are
+topic prefix is made unique to this run (which scopes the consumer groups too), and container paths are
 mapped under a temporary directory (a named volume to one folder shared by its users). Then
 ``topics`` runs once, two ``stream`` replicas (``--scale stream=2``) and ``shards`` start, the
 ``generator`` runs to completion, and every episode it sent must end up in a verified shard or on
@@ -36,7 +36,6 @@ COMPOSE_ENV = {  # what a user would put in compose/.env for a small run
     "ROLLOUT_BUS_EPISODES": str(EPISODES),
     "ROLLOUT_BUS_TURNS_PARTITIONS": "6",
 }
-GROUP_NAMES = ("ROLLOUT_BUS_APP_ID", "ROLLOUT_BUS_GROUP_ID")  # cluster-wide names: unique per run
 
 
 @cache
@@ -72,7 +71,6 @@ def local_env(service: dict, *, bootstrap: str, unique: str, root: Path, replica
             env[name] = str(local)
     env["ROLLOUT_BUS_BOOTSTRAP_SERVERS"] = bootstrap
     env["ROLLOUT_BUS_TOPIC_PREFIX"] = f"{unique}.{env.get('ROLLOUT_BUS_TOPIC_PREFIX', '')}"
-    env.update({k: f"{unique}-{env[k]}" for k in GROUP_NAMES if k in env})
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("ROLLOUT_BUS_")}
     return {**inherited, **env}
 
@@ -187,7 +185,8 @@ def test_the_compose_services_run_as_local_processes_turn_every_episode_into_sha
                                 replica=f"stream-{i}")
             procs.start(f"stream-{i}", commands["stream"], replica)
         procs.start("shards", commands["shards"], envs["shards"])
-        shared = wait_for_replicas(client_kwargs, envs["stream"]["ROLLOUT_BUS_APP_ID"], f"{prefix}rollout.turns", procs)
+        shared = wait_for_replicas(client_kwargs, f"{prefix}{envs['stream']['ROLLOUT_BUS_APP_ID']}",
+                                   f"{prefix}rollout.turns", procs)
         assert sorted(p for member in shared for p in member) == list(range(6)), shared
         assert procs.start("generator", commands["generator"], envs["generator"]).wait(timeout=240) == 0, \
             procs.tails()

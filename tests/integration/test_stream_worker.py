@@ -223,7 +223,7 @@ def _wait_for_stable_group(kafka_bootstrap, group, members, timeout_s=60.0):
 def test_two_workers_share_the_partitions_of_the_turns_topic(kafka_bootstrap, topics, app_id, tmp_path):
     one = Worker(kafka_bootstrap, topics, app_id, tmp_path, "one")
     two = Worker(kafka_bootstrap, topics, app_id, tmp_path, "two")
-    _wait_for_stable_group(kafka_bootstrap, app_id, members=2)  # both hold partitions before any turn arrives
+    _wait_for_stable_group(kafka_bootstrap, topics.group(app_id), members=2)  # both hold partitions first
     turns = _generated(24, seed=9)
     expected = _expected_episodes(turns)
     _publish(kafka_bootstrap, topics, turns)

@@ -67,7 +67,7 @@ def _publish_run(kwargs: dict, topics) -> None:
         producer.send(topics.turns, key=b"k", value=b"t", partition=0)
     producer.flush()
     producer.close()
-    consumer = KafkaConsumer(**kwargs, group_id=STREAM_GROUP, enable_auto_commit=False)
+    consumer = KafkaConsumer(**kwargs, group_id=topics.group(STREAM_GROUP), enable_auto_commit=False)
     consumer.commit({TopicPartition(topics.turns, 0): OffsetAndMetadata(7, "", -1)})
     consumer.close()
 
@@ -95,8 +95,9 @@ def test_tail_once_json_merges_window_partials_and_counts_batches_dead_letters_a
     assert snapshot["dlq"]["by_reason"] == [{"stage": "shards", "kind": "mask-check", "count": 1},
                                             {"stage": "stream", "kind": "decode", "count": 2}]
     lag = {(r["group"], r["topic"], r["partition"]): r for r in snapshot["lag"]}
-    assert lag[(STREAM_GROUP, topics.turns, 0)]["lag"] == 3 and lag[(STREAM_GROUP, topics.turns, 0)]["end"] == 10
-    assert lag[(SHARDS_GROUP, topics.episodes, 0)] == {"group": SHARDS_GROUP, "topic": topics.episodes,
+    stream_group, shards_group = topics.group(STREAM_GROUP), topics.group(SHARDS_GROUP)  # scoped by the prefix
+    assert lag[(stream_group, topics.turns, 0)]["lag"] == 3 and lag[(stream_group, topics.turns, 0)]["end"] == 10
+    assert lag[(shards_group, topics.episodes, 0)] == {"group": shards_group, "topic": topics.episodes,
                                                        "partition": 0, "committed": None, "end": 0, "lag": 0}
     assert snapshot["trainer"]["weight_version"] == 2 and snapshot["trainer"]["step"] == 1
     assert snapshot["staleness"] == [{"adapter": "math", "mean": 1.5, "max": 2.0, "oldest": None}]
@@ -192,7 +193,7 @@ def test_the_exporter_serves_metrics_counters_and_lag_and_keeps_its_counts_acros
         assert series["rollout_trainer_weight_version"] == 2.0
         assert series['rollout_episodes_total{adapter="math"}'] == 3.0 and series["rollout_batches_total"] == 2.0
         assert series['rollout_dlq_records_total{reason="decode",stage="stream"}'] == 2.0
-        assert series[f'rollout_consumer_lag{{group="{STREAM_GROUP}",partition="0",topic="{topics.turns}"}}'] == 3.0
+        assert series[f'rollout_consumer_lag{{group="{topics.group(STREAM_GROUP)}",partition="0",topic="{topics.turns}"}}'] == 3.0
         producer = KafkaProducer(**client_kwargs)
         letter = _dead_letter("stream", "decode", "code")
         producer.send(topics.dlq, key=letter.key, value=letter.value, headers=letter.record_headers())
@@ -217,8 +218,8 @@ def test_tail_sees_every_episode_and_batch_of_a_real_pipeline_run(kafka_bootstra
     done = subprocess.run(
         [sys.executable, "-m", "rollout_bus.cli.tail", "--bootstrap-servers", kafka_bootstrap, "--topic-prefix",
          run.topics.prefix, "--once", "--json", "--from-beginning",
-         "--stream-group", f"rollout-bus-demo-{run.run_id}-stream",
-         "--shards-group", f"rollout-bus-demo-{run.run_id}-shards"], capture_output=True, text=True, timeout=60)
+         "--stream-group", "rollout-bus-stream", "--shards-group", "rollout-bus-shards"],  # scoped by the prefix
+        capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     snapshot = json.loads(done.stdout)
     assert sum(row["episodes"] for row in snapshot["episodes"]) == 16
