@@ -17,6 +17,8 @@ HEADER_GROUP_SIZE = "group_size"
 HEADER_SCHEMA = "schema"
 HEADER_SENT_AT = "sent_at"
 SCHEMA_VERSION = "1"
+# Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).
+HEADER_REROUTED_FROM = "rerouted-from"
 # A control record (end of run, abandoned episode) carries this header; data records never do.
 HEADER_CONTROL = "control"
 # The largest record value on any topic (``KafkaSettings.max_record_bytes``; ``rollout_bus.kafka.limits``

@@ -45,6 +45,14 @@ Contract:
 * An ``end-of-run`` control record (``records.EndOfRun``) on a turns partition is forwarded, once
   every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
   partition it came from.
+* A turn on the wrong rollout.turns partition for its key (a producer not using Kafka's default
+  murmur2 partitioner: librdkafka's default is CRC32-based) would split its episode between two
+  workers. It is re-routed instead: the same key, value and headers, plus ``rerouted-from``
+  (``topic:partition:offset``), to ``partitioning.partition_for(key)``, acknowledged before its own
+  position moves on; a crash re-sends it and the copy is ignored there as a duplicate turn. A record
+  that was already re-routed once and is still misplaced (the partition count changed under it) is
+  dead-lettered (kind ``partition``) rather than sent round again. Only well-formed rollout keys are
+  re-routed; any other record takes the usual path to its outcome where it is.
 * Finished markers are pruned once the partition's recorded position is ``finished_retention``
   records past their final turn (``streams.finished_markers`` says why that loses nothing).
 * Rebalances: ``pause()`` waits for the record in hand, drains the in-flight finals and closes the
@@ -68,8 +76,9 @@ from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter
 from rollout_bus.errors import ContractError, RecordTooLargeError
 from rollout_bus.records import (CONTROL_END_OF_RUN, END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo,
                                  TurnHeaders, control_kind, encode_episode, parse_rollout_key)
+from rollout_bus.partitioning import partition_for
 from rollout_bus.sample import Sample
-from rollout_bus.topics import Topics
+from rollout_bus.topics import HEADER_REROUTED_FROM, Topics
 from rollout_bus.turns import merge_samples
 from streams.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
                                    share_final_reward, turn_key)
@@ -297,7 +306,9 @@ class TurnProcessor:
         """The record's outcome, the windows it made due, then its position (the caller flushes the state)."""
         self.windows.of(record.partition).observe(record.timestamp_ms)
         control = control_kind(record.headers)
-        if control is None:
+        if control is None and self._misrouted(record):
+            await self._reroute(record)
+        elif control is None:
             await self._turn(record)
         else:
             await self._control(record, control)
@@ -315,6 +326,36 @@ class TurnProcessor:
                 self.table[position_key(partition)] = b"%d" % position
                 self._written_position[partition] = position
                 self._prune_finished(partition, position)
+
+    def _misrouted(self, record: TurnRecord) -> bool:
+        """Whether a turn with a well-formed rollout key is on another partition than its key's."""
+        if record.key is None or partition_for(record.key, self.turns_partitions) == record.partition:
+            return False
+        try:
+            parse_rollout_key(record.key)
+        except ContractError:
+            return False
+        return True
+
+    async def _reroute(self, record: TurnRecord) -> None:
+        """Send a misplaced turn on to its key's partition, where the worker owning its episode merges it."""
+        self.outcomes["turns_received"] += 1
+        home = partition_for(record.key, self.turns_partitions)
+        if any(name == HEADER_REROUTED_FROM for name, _ in record.headers):
+            await self._dead_letter(record, "partition", (
+                f"re-routed once already and still not on partition {home} of {self.turns_partitions}, the one "
+                f"murmur2 of its key gives (did the topic's partition count change?)"))
+            return
+        headers = [*record.headers, (HEADER_REROUTED_FROM, record.source.encode())]
+        try:
+            await self.send(record.topic, record.key, record.value, headers, wait=True, partition=home)
+        except RecordTooLargeError as exc:
+            await self._dead_letter(record, "partition", f"on partition {record.partition}, not {home} as murmur2 "
+                                                         f"of its key gives, and too large to re-route: {exc}")
+            return
+        self.outcomes["turns_rerouted"] += 1
+        logger.info("re-routed %s to partition %d (its key's under murmur2; was the producer's partitioner "
+                    "murmur2?)", record.source, home)
 
     async def _turn(self, record: TurnRecord) -> None:
         """One turn record to its outcome; a dead-lettered final turn abandons its episode."""
