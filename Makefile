@@ -35,7 +35,7 @@ test: $(STAMP)
 	exit $$status
 
 # Fault-injection drills of the whole pipeline on brokers of their own (a single node and a 3-node
-# cluster, free ports in 40000-40999): the full table takes about half an hour; CHAOS_ARGS="--only NAME".
+# cluster, free ports in 40000-40999): the full table takes about 15 minutes; CHAOS_ARGS="--only NAME".
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
