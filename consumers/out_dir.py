@@ -25,9 +25,10 @@ Contract:
   manifest; the manifest's ``metrics`` (``batch_metrics``) are ``compute_metrics_from_samples``
   plus ``compute_staleness_metrics`` with step = the batch seq, over the samples written (stale
   episodes left out).
-* ``announcement(manifest, batch_dir)`` is the rollout.shards value: the manifest plus ``dir``,
-  ``manifest_path`` and ``manifest_sha256`` (of the manifest file's bytes).
-  ``announced_ids(records)`` reads back which (dir, manifest_sha256) pairs were announced, so a
+* ``announcement(manifest, batch_dir)`` is the rollout.shards value: the manifest plus ``dir`` and
+  ``manifest_path`` relative to the output root, ``manifest_sha256`` (of the manifest file's bytes)
+  and ``out_root``. ``announced_ids(records)`` reads back which (batch name, manifest_sha256) pairs
+  were announced (a moved output directory changes neither), so a
   restarted writer announces a batch it wrote but never announced, and no other.
 """
 
@@ -165,17 +166,24 @@ def manifest_extra(batch: Batch, *, batching: str, normalization: str,
     }
 
 
+def manifest_place(batch_dir: Path) -> str:
+    """The manifest's path as announced: relative to the output root (``batch-00000003/manifest.json``)."""
+    return f"{Path(batch_dir).name}/{MANIFEST_NAME}"
+
+
 def announcement(manifest: dict[str, Any], batch_dir: Path) -> bytes:
-    """The rollout.shards value for one batch (``records.announcement_value``)."""
-    manifest_path = Path(batch_dir).resolve() / MANIFEST_NAME
-    sha = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
-    return announcement_value(ShardAnnouncement(manifest, str(manifest_path.parent), str(manifest_path), sha))
+    """The rollout.shards value for one batch (``records.announcement_value``): its place relative to the
+    output root, and the writer's absolute root as a hint."""
+    batch_dir = Path(batch_dir).resolve()
+    sha = hashlib.sha256((batch_dir / MANIFEST_NAME).read_bytes()).hexdigest()
+    return announcement_value(ShardAnnouncement(manifest, batch_dir.name, manifest_place(batch_dir), sha,
+                                                str(batch_dir.parent)))
 
 
 def announced_ids(values: Iterable[bytes | None]) -> set[tuple[str, str]]:
-    """(dir, manifest_sha256) of every announcement among rollout.shards record values."""
+    """(batch directory name, manifest_sha256) of every announcement among rollout.shards record values."""
     found = (parse_announcement(value) for value in values)
-    return {(a.dir, a.manifest_sha256) for a in found if a is not None}
+    return {(a.batch_name, a.manifest_sha256) for a in found if a is not None}
 
 
 def convert_batch(batch: Batch, *, dp_size: int, normalization: str) -> tuple[list, list[dict[str, Any]]]:

@@ -52,6 +52,8 @@ Contract (PIPELINE.md, consumers/):
   with backoff (``rollout_bus.kafka.retry``), one WARNING line per retry; a timeout never ends the
   process. The producer keeps a record for up to an hour inside kafka-python before its future
   fails (and the writer sends it again).
+* One writer per output directory: ``run()`` holds ``consumers.writer_lock`` for its whole life,
+  and a second writer on the same directory is refused (``WriterLockedError``, naming the holder).
 * Effectively once. At start-up the writer scans ``--out`` (``out_dir.scan_out_dir``: temporary
   files and manifest-less batches removed), reads rollout.shards back, and announces each
   complete batch on disk that was never announced (a kill between manifest and announcement).
@@ -81,8 +83,10 @@ from consumers.batcher import DEFAULT_WRITTEN_MEMORY, Batch, Batcher, Outcome
 from consumers.delivery import Outbox, Outgoing
 from consumers.end_of_run import EndOfRunTracker
 from consumers.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
-from consumers.out_dir import announced_ids, announcement, convert_batch, scan_out_dir, write_batch, written_keys
+from consumers.out_dir import (announced_ids, announcement, convert_batch, manifest_place, scan_out_dir,
+                               write_batch, written_keys)
 from consumers.staleness import split_stale
+from consumers.writer_lock import hold_writer_lock
 from rollout_bus.dead_letter import MAX_REASON_CHARS, DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
@@ -91,7 +95,7 @@ from rollout_bus.kafka.limits import producer_config
 from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
 from rollout_bus.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record, control_kind
 from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
-from rollout_bus.train_data import MANIFEST_NAME, batch_path
+from rollout_bus.train_data import batch_path
 
 logger = logging.getLogger(__name__)
 
@@ -193,19 +197,21 @@ class ShardWriter:
             signal.signal(signal.SIGTERM, self.stop)
         except ValueError:  # not the main thread: the caller stops us
             pass
-        try:
-            self._producer = self._retry(self._new_producer, "connect the producer")
-            self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
-            self._resume_from_disk()
-            self._consumer = self._open_consumer()
-            self._loop()
-        except Stopped as exc:
-            logger.info("stopping: %s", exc)
-        finally:
-            if self._consumer is not None:
-                self._consumer.close(autocommit=False)
-            if self._producer is not None:
-                self._producer.close(timeout=CLOSE_TIMEOUT_S)
+        with hold_writer_lock(self.options.out_dir, {"group": self.options.group_id,
+                                                     "episodes_topic": self.topics.episodes}):
+            try:
+                self._producer = self._retry(self._new_producer, "connect the producer")
+                self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
+                self._resume_from_disk()
+                self._consumer = self._open_consumer()
+                self._loop()
+            except Stopped as exc:
+                logger.info("stopping: %s", exc)
+            finally:
+                if self._consumer is not None:
+                    self._consumer.close(autocommit=False)
+                if self._producer is not None:
+                    self._producer.close(timeout=CLOSE_TIMEOUT_S)
         return self.stats
 
     def _new_producer(self) -> KafkaProducer:
@@ -229,7 +235,7 @@ class ShardWriter:
         for batch in written:
             self._batcher.mark_written(batch.seq, batch.keys(), batch.groups())
             self.stats.batches_found += 1
-            if (str(batch.directory.resolve()), batch.manifest_sha256) not in announced:
+            if (batch.directory.name, batch.manifest_sha256) not in announced:
                 self._announce(batch.seq, batch.manifest, batch.directory)
                 self.stats.batches_reannounced += 1
                 logger.info("announced batch=%d found on disk but never announced", batch.seq)
@@ -474,9 +480,8 @@ class ShardWriter:
     def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
         """Batch metrics, then the manifest, each confirmed: a manifest on rollout.shards implies both."""
         key = str(seq).encode()
-        manifest_path = str(Path(directory).resolve() / MANIFEST_NAME)
         metrics_value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
-                                             manifest_path=manifest_path)
+                                             manifest_path=manifest_place(Path(directory)))
         self._outbox.send(Outgoing(self.topics.metrics, key, metrics_value, [], f"batch {seq} metrics"))
         self._outbox.confirm()
         self._outbox.send(Outgoing(self.topics.shards, key, announcement(manifest, Path(directory)), [],

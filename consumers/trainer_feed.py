@@ -208,8 +208,7 @@ class ShardFeed:
         entry = next((e for e in manifest["shards"] if isinstance(e, dict) and e.get("rank") == self.rank), None)
         if entry is None:
             raise ContractError(f"batch {seq} names no shard for rank {self.rank} ({announced.manifest_path})")
-        directory = (self.shards_root / str(manifest.get("batch"))) if self.shards_root is not None \
-            else Path(announced.dir)
+        directory = announced.batch_dir(self.shards_root)
         path = directory / str(entry.get("path"))
         verify_shard(path, entry, f"batch {seq} rank {self.rank} at {path}")
         return TrainBatch(seq, self.rank, self.dp_size, path, load_shard(path), manifest)

@@ -52,7 +52,9 @@ Contract:
   position moves on; a crash re-sends it and the copy is ignored there as a duplicate turn. A record
   that was already re-routed once and is still misplaced (the partition count changed under it) is
   dead-lettered (kind ``partition``) rather than sent round again. Only well-formed rollout keys are
-  re-routed; any other record takes the usual path to its outcome where it is.
+  re-routed; any other record takes the usual path to its outcome where it is. An offline replay
+  (``reroute=False``) holds every partition in one table: it merges a misplaced turn where it finds
+  it, and the re-routed copy is then a duplicate.
 * Finished markers are pruned once the partition's recorded position is ``finished_retention``
   records past their final turn (``streams.finished_markers`` says why that loses nothing).
 * Rebalances: ``pause()`` waits for the record in hand, drains the in-flight finals and closes the
@@ -148,10 +150,11 @@ class TurnProcessor:
 
     def __init__(self, table: ChangelogState, send: Sender, topics: Topics, *, window_ms: int, grace_ms: int,
                  fetch: Fetch | None = None, turns_partitions: int = 1, episodes_partitions: int = 1,
-                 finished_retention: int = FINISHED_RETENTION_RECORDS) -> None:
+                 finished_retention: int = FINISHED_RETENTION_RECORDS, reroute: bool = True) -> None:
         self.table, self.send, self.topics = table, send, topics
         self.turns_partitions, self.episodes_partitions = turns_partitions, episodes_partitions
         self.markers = FinishedMarkers(finished_retention)
+        self.reroute = reroute  # off where every partition meets in one table (an offline replay)
         self.fetch = fetch or _no_fetch
         self.gate = StateGate()  # the agent and the timers take turns on the state; a rebalance shuts them out
         self._started = time.monotonic()
@@ -329,7 +332,8 @@ class TurnProcessor:
 
     def _misrouted(self, record: TurnRecord) -> bool:
         """Whether a turn with a well-formed rollout key is on another partition than its key's."""
-        if record.key is None or partition_for(record.key, self.turns_partitions) == record.partition:
+        if not self.reroute or record.key is None \
+                or partition_for(record.key, self.turns_partitions) == record.partition:
             return False
         try:
             parse_rollout_key(record.key)

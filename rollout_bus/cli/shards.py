@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from consumers.shard_writer import ShardWriter, WriterOptions, WriterStats
+from consumers.writer_lock import WriterLockedError
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 
@@ -84,6 +85,9 @@ def shards(
             stats = writer.run()
         except KeyboardInterrupt:
             stats = writer.stats
+        except WriterLockedError as exc:
+            console.print(f"[red]shard writer refused:[/red] {exc}")
+            raise typer.Exit(2) from exc
     console.print(_progress_line(stats))
     if stats.batches_found:
         console.print(f"found {stats.batches_found} complete batches on disk "

@@ -242,7 +242,8 @@ class TurnMerger:
         self.topics = Topics(prefix=topic_prefix(turns_topic))
         self.table = ChangelogState({})  # the stream stage's state mapping, with no changelog to write
         self._sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
-        self.processor = TurnProcessor(self.table, self._send, self.topics, window_ms=_NEVER_MS, grace_ms=_NEVER_MS)
+        self.processor = TurnProcessor(self.table, self._send, self.topics, window_ms=_NEVER_MS, grace_ms=_NEVER_MS,
+                                       reroute=False)  # one table for every partition: nothing is misplaced
 
     async def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]],
                     *, wait: bool, partition: int | None = None) -> None:

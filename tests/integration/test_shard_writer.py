@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
+from consumers.out_dir import scan_out_dir
+from consumers.writer_lock import LOCK_NAME
 from rollout_bus.dead_letter import DeadLetter
 from rollout_bus.metrics import compute_metrics_from_samples
 from rollout_bus.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, control_kind, encode_episode
@@ -109,7 +111,7 @@ def run_writer(kafka_bootstrap, topics, out: Path, group_id: str | None = None, 
 
 def tree_hashes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK_NAME}  # the lock names its holder
 
 
 def manifests(root: Path) -> list[dict]:
@@ -223,9 +225,18 @@ def test_writer_killed_mid_run_restarts_to_byte_identical_shards(kafka_bootstrap
     run_writer(kafka_bootstrap, topics, killed, group_id)
 
     assert tree_hashes(killed) == tree_hashes(reference)
-    mine = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards) if control_kind(r.headers) is None]
-    mine = [a["seq"] for a in mine if Path(a["dir"]).parent == killed.resolve()]
-    assert sorted(mine) == [0, 1, 2, 3, 4]
+    announced = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards)
+                 if control_kind(r.headers) is None]
+    assert all(a["dir"] == f"batch-{a['seq']:08d}" and a["manifest_path"] == f"{a['dir']}/manifest.json"
+               for a in announced)  # relative to the output root, which is named apart
+    # every batch on disk is announced (by the reference writer, or by this one where it wrote another one)
+    assert _on_disk(killed) <= {(a["dir"], a["manifest_sha256"]) for a in announced}
+    assert len(_on_disk(killed)) == 5
+
+
+def _on_disk(out: Path) -> set[tuple[str, str]]:
+    """(batch directory name, manifest sha256) of every complete batch under ``out``."""
+    return {(batch.directory.name, batch.manifest_sha256) for batch in scan_out_dir(out)}
 
 
 def test_restart_over_leftovers_rewrites_the_incomplete_batch_and_announces_the_unannounced(
@@ -241,7 +252,10 @@ def test_restart_over_leftovers_rewrites_the_incomplete_batch_and_announces_the_
     assert tree_hashes(crashed) == tree_hashes(reference)
     shards = read_topic(client_kwargs, topics.shards)
     announced = [json.loads(r.value) for r in shards if control_kind(r.headers) is None]  # batches, not controls
-    assert sorted(a["seq"] for a in announced if Path(a["dir"]).parent == crashed.resolve()) == [0, 1, 2, 3]
+    # batches 0, 2 and 3 are the reference's, byte for byte, and announced; batch 1 is announced again as
+    # written here (a batch's identity is its name and manifest, not the directory it was read from)
+    assert [a["seq"] for a in announced if a["out_root"] == str(crashed.resolve())] == [1]
+    assert _on_disk(crashed) <= {(a["dir"], a["manifest_sha256"]) for a in announced}
 
     run_writer(kafka_bootstrap, topics, reference)  # everything already written and announced: nothing new
     again = [json.loads(r.value) for r in read_topic(client_kwargs, topics.shards) if control_kind(r.headers) is None]
@@ -263,3 +277,23 @@ def test_arrival_mode_stops_at_max_batches_and_a_restart_writes_the_rest_once(ka
     assert all(not m["extra"]["partial"] and len(m["extra"]["groups"]) == 2 for m in written)
     keys = sorted(e["key"] for m in written for e in m["extra"]["episodes"])
     assert keys == sorted(make_episode(g, r)[0].decode() for g in range(4) for r in range(GROUP_SIZE))
+
+
+def test_a_second_writer_on_the_same_output_directory_is_refused_naming_the_first(kafka_bootstrap, topics, tmp_path):
+    out = tmp_path / "shards"
+    first = subprocess.Popen(writer_command(kafka_bootstrap, topics, out, "first-writer"), cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # no end of run: it waits
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / ".writer.lock").exists() or not (out / ".writer.lock").read_text():
+            assert first.poll() is None and time.monotonic() < deadline, "the first writer never took its lock"
+            time.sleep(0.05)
+        second = subprocess.run(writer_command(kafka_bootstrap, topics, out, "second-writer"), cwd=REPO,
+                                capture_output=True, text=True, timeout=90)
+        assert second.returncode == 2, second.stdout + second.stderr
+        said = " ".join((second.stdout + second.stderr).split())
+        assert "another shard writer" in said and f"group={topics.group('first-writer')}" in said and f"pid={first.pid}" in said
+        assert first.poll() is None  # the first one writes on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,21 @@ def test_a_shard_announcement_round_trips_and_other_records_are_not_announcement
     for other in (None, b"", b"\xff", b"[1]", b'{"seq": 4}', b'{"rollout/x": 1}',
                   json.dumps({**manifest, "dir": 3, "manifest_path": "p", "manifest_sha256": "s"}).encode()):
         assert parse_announcement(other) is None
+
+
+def test_an_announced_batch_lies_under_the_readers_root_or_else_the_writers():
+    manifest = {"seq": 3, "shards": []}
+    relative = parse_announcement(announcement_value(
+        ShardAnnouncement(manifest, "batch-00000003", "batch-00000003/manifest.json", "ab" * 32, "/data/shards")))
+    assert relative.out_root == "/data/shards"
+    assert relative.batch_dir() == Path("/data/shards/batch-00000003")
+    assert relative.batch_dir("/mnt/rollouts") == Path("/mnt/rollouts/batch-00000003")
+    older = parse_announcement(announcement_value(  # written before out_root: absolute paths
+        ShardAnnouncement(manifest, "/out/batch-00000003", "/out/batch-00000003/manifest.json", "ab" * 32)))
+    assert older.out_root is None and b"out_root" not in announcement_value(older)
+    assert older.batch_dir() == Path("/out/batch-00000003")
+    assert older.batch_dir("/mnt/rollouts") == Path("/mnt/rollouts/batch-00000003")
+    assert older.batch_name == relative.batch_name == "batch-00000003"
 
 
 def test_a_weight_version_round_trips_and_a_bad_one_is_refused_by_field():

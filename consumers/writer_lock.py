@@ -1,0 +1,63 @@
+"""One shard writer per output directory: an advisory lock that a second writer is refused by.
+
+Two writers on one run would each write and announce the same seqs, and each trusts the output
+directory to say what is done. The writer assigns rollout.episodes partitions itself (its resume
+point is the directory, not a group generation), so Kafka's group protocol cannot refuse the second
+one; the directory can. ``hold_writer_lock(out_dir, who)`` takes ``out_dir/.writer.lock`` with
+``flock`` (released by the kernel when the process dies, kill -9 included: no stale lock to clean
+up) and writes who holds it; a second writer gets ``WriterLockedError`` naming the holder. The lock
+covers writers that share the directory (one machine, or a file system with working ``flock``);
+writers with different directories on one run are the operator's to avoid (README).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rollout_bus.errors import ConfigError
+
+LOCK_NAME = ".writer.lock"
+
+
+class WriterLockedError(ConfigError):
+    """Another shard writer holds the output directory."""
+
+
+def lock_holder(out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the lock file says of its holder (None when there is no readable lock file)."""
+    try:
+        return json.loads((Path(out_dir) / LOCK_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def hold_writer_lock(out_dir: str | os.PathLike[str], who: dict[str, Any]) -> Iterator[Path]:
+    """Hold ``out_dir``'s writer lock for the block; ``who`` (group, topics) is written into it."""
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(directory) or {}
+            described = ", ".join(f"{k}={v}" for k, v in holder.items()) or "no details written"
+            raise WriterLockedError(f"another shard writer is writing to {directory.resolve()} ({described}); "
+                                    f"run one writer per output directory, or stop that one first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "started_at_ms": int(time.time() * 1000), **who}, sort_keys=True).encode())
+        os.fsync(fd)
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
