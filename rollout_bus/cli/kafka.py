@@ -1,7 +1,9 @@
-"""``rollout-bus kafka start|stop|status``: the project's own single-node Kafka on 127.0.0.1."""
+"""``rollout-bus kafka start|stop|status``: the project's own single-node Kafka on 127.0.0.1; ``kafka tool``:
+Kafka's own command-line tools from the same jars, against any cluster."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -11,8 +13,10 @@ from rich.console import Console
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.local_broker import LocalBroker
+from rollout_bus.kafka.runtime import classpath, ensure_jars, java_executable
 
-app = typer.Typer(help="Run a real single-node Apache Kafka (KRaft) on 127.0.0.1.", no_args_is_help=True)
+app = typer.Typer(help="Run a real single-node Apache Kafka (KRaft) on 127.0.0.1, and Kafka's own tools.",
+                  no_args_is_help=True)
 console = Console(stderr=True)
 
 
@@ -47,3 +51,30 @@ def status(port: int = options.PORT, data_dir: Path | None = options.DATA_DIR) -
     state = _broker(port, data_dir).status()
     print(f"{'up' if state.up else 'down'} {state.bootstrap} ({state.detail})")
     raise typer.Exit(0 if state.up else 3)
+
+
+# The scripts of Kafka's bin/ directory, by their names there (kafka-console-consumer.sh -> console-consumer).
+KAFKA_TOOLS = {
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+}
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def tool(ctx: typer.Context, name: str = typer.Argument(..., help=f"One of: {', '.join(KAFKA_TOOLS)}.")) -> None:
+    """Run one of Kafka's own tools (the kafka-NAME.sh of its bin/) from the project's jars; every further
+    argument goes to the tool, e.g. `rollout-bus kafka tool consumer-groups --bootstrap-server
+    127.0.0.1:9092 --describe --all-groups`."""
+    main_class = KAFKA_TOOLS.get(name)
+    if main_class is None:
+        console.print(f"[red]error:[/red] no Kafka tool {name!r}; choose one of {', '.join(KAFKA_TOOLS)}")
+        raise typer.Exit(2)
+    try:
+        java, libs = java_executable(), ensure_jars(echo=lambda m: console.print(f"[dim]{m}[/dim]"))
+    except BrokerError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    os.execv(java, [java, "-Xmx512m", "-cp", classpath(libs), main_class, *ctx.args])

@@ -8,6 +8,7 @@ interrupted one is redone rather than trusted.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -70,10 +71,16 @@ def jars_dir(version: str | None = None) -> Path:
     return cache_root() / f"kafka-{version or kafka_version()}" / "libs"
 
 
+def _pom_digest() -> str:
+    """What the cached jars were fetched for: a changed pom (a dependency added) fetches them again."""
+    return hashlib.sha256(resources.files(__package__).joinpath(POM_NAME).read_bytes()).hexdigest()
+
+
 def ensure_jars(echo=print) -> Path:
-    """Return the jar directory, fetching it through Maven on first use."""
+    """Return the jar directory, fetching it through Maven on first use (and when the pom changed)."""
     libs = jars_dir()
-    if (libs / ".complete").exists():
+    marker = libs / ".complete"
+    if marker.exists() and _pom_digest() in marker.read_text():
         return libs
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -98,7 +105,7 @@ def ensure_jars(echo=print) -> Path:
         raise BrokerError(f"Maven finished but no kafka_2.13 jar is in {partial}")
     shutil.rmtree(libs, ignore_errors=True)
     partial.rename(libs)
-    (libs / ".complete").write_text(kafka_version() + "\n")
+    marker.write_text(f"{kafka_version()} {_pom_digest()}\n")
     echo(f"fetched {len(list(libs.glob('*.jar')))} jars")
     return libs
 
