@@ -9,7 +9,7 @@ TEST_PORT ?= 39292
 TEST_KAFKA_DIR ?= $(HOME)/.cache/rollout-bus/make-test-broker
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint bench clean chaos
+.PHONY: demo test venv lint bench clean chaos compose-check
 
 venv: $(STAMP)
 
@@ -38,6 +38,15 @@ test: $(STAMP)
 # cluster, free ports in 40000-40999): the full table takes about 15 minutes; CHAOS_ARGS="--only NAME".
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
+
+# The compose files checked by the real compose CLI: built once from the Go module proxy into the cache
+# (compose/compose-plugin.sh, a few minutes), then `config -q` on both layouts (the test that needs it runs).
+COMPOSE_PROFILES_ALL := --profile observability --profile tools
+compose-check: $(STAMP)
+	@compose=$$(compose/compose-plugin.sh) && set -x && \
+	$$compose -f compose/docker-compose.yml $(COMPOSE_PROFILES_ALL) config -q && \
+	$$compose -f compose/docker-compose.yml -f compose/docker-compose.cluster.yml $(COMPOSE_PROFILES_ALL) config -q
+	$(BIN)/pytest -q -rs tests/unit/compose
 
 lint: $(STAMP)
 	$(BIN)/python -m tests.import_contracts
