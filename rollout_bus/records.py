@@ -77,10 +77,10 @@ class TurnHeaders:
             raw = found.get(name)
             if raw is None:
                 raise ContractError(f"header {name!r} is missing")
-            try:
-                value = int(bytes(raw).decode("ascii"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise ContractError(f"header {name!r} must be a decimal integer (got {bytes(raw)!r})") from exc
+            text = bytes(raw)
+            if not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):  # ASCII digits only (WIRE.md)
+                raise ContractError(f"header {name!r} must be a decimal integer in ASCII digits (got {text!r})")
+            value = int(text)
             if value < minimum:
                 raise ContractError(f"header {name!r} must be >= {minimum} (got {value})")
             return value

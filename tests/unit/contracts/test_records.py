@@ -119,3 +119,10 @@ def test_skipped_batches_and_the_end_of_a_run_on_rollout_shards_round_trip():
     assert BatchesEnded.from_value(ended.value()) == ended and control_kind(ended.headers()) == "end-of-run"
     with pytest.raises(ContractError, match="seq"):
         BatchSkipped.from_value(b'{"seq":-1,"why":"empty","reason":""}')
+
+
+@pytest.mark.parametrize("raw", [b" 5", b"+5", b"1_0", b"", b"5\n", b"\xd9\xa5", b"0x5"])
+def test_a_turn_header_integer_is_ascii_digits_and_nothing_else(raw):
+    headers = [(k, raw if k == "turn" else v) for k, v in TurnHeaders(5, 0, False, 1, 7).to_kafka()]
+    with pytest.raises(ContractError, match="'turn' must be a decimal integer in ASCII digits"):
+        TurnHeaders.from_kafka(headers)
