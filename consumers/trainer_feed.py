@@ -18,8 +18,9 @@ Contract:
   once); iterating again follows the next run on the topic.
   Waiting longer than ``timeout_s`` for the next batch raises ``FeedTimeoutError`` naming the
   rank, the seq waited for and the last one seen: never a silent hang.
-* The rank's shard is ``{shards_root}/{manifest batch dir}/{shard path}`` when ``shards_root`` is
-  given (a trainer that mounts the output elsewhere), else the directory the writer announced.
+* The rank's shard is ``{shards_root}/{batch dir name}/{shard path}`` when ``shards_root`` is given
+  (a trainer that mounts the output elsewhere), else under the writer's announced ``out_root``
+  (``ShardAnnouncement.batch_dir``; announcements name batches relative to the output root).
   Its bytes must match the manifest's size and sha256, the manifest's ``dp_size`` the feed's: a
   missing, corrupted or mismatched shard raises ``ContractError`` naming batch, rank and path.
 * ``TrainBatch``: ``seq``, ``rank``, ``dp_size``, ``path``, ``tensors`` (torch, as
