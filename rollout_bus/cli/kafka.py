@@ -60,6 +60,8 @@ KAFKA_TOOLS = {
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
     "topics": "org.apache.kafka.tools.TopicCommand",
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+    "configs": "kafka.admin.ConfigCommand",                   # e.g. a topic's min.insync.replicas, and where it is set
+    "metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",  # the KRaft voters and their lag
 }
 
 

@@ -1,6 +1,7 @@
 """Kafka's own tools, from the project's jars (``rollout-bus kafka tool``), read what the pipeline wrote: the
 console consumer prints the shard announcements, and consumer-groups describes the shard writer's group:
-its committed offsets and lag, and no members (the writer assigns its partitions itself; README)."""
+its committed offsets and lag, and no members (the writer assigns its partitions itself; README); configs and
+metadata-quorum describe a topic's effective settings and the KRaft controller."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ def test_the_console_consumer_and_consumer_groups_read_a_run(kafka_bootstrap, cl
     assert {row[1] for row in rows} == {topics.episodes} and len(rows) == topics.episodes_partitions
     committed = sum(int(row[3]) for row in rows if row[3] != "-")
     assert committed == sum(int(row[4]) for row in rows) and committed >= 7 * GROUP_SIZE  # caught up: lag 0
+
+
+def test_configs_and_metadata_quorum_describe_the_topics_and_the_controller(kafka_bootstrap, topics):
+    configs = _tool("configs", "--bootstrap-server", kafka_bootstrap, "--describe", "--all",
+                    "--entity-type", "topics", "--entity-name", topics.turns)
+    assert f"All configs for topic {topics.turns} are:" in configs.stdout
+    assert "  min.insync.replicas=1 " in configs.stdout  # the test broker's default (a cluster shows 2)
+    quorum = _tool("metadata-quorum", "--bootstrap-server", kafka_bootstrap, "describe", "--status")
+    assert "LeaderId:" in quorum.stdout and "CurrentVoters:" in quorum.stdout
