@@ -9,7 +9,7 @@ TEST_PORT ?= 39292
 TEST_KAFKA_DIR ?= $(HOME)/.cache/rollout-bus/make-test-broker
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint bench clean chaos compose-check
+.PHONY: demo test venv lint bench clean chaos compose-check compose-test
 
 venv: $(STAMP)
 
@@ -56,3 +56,11 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+
+# The compose deployment brought up for real: a private dockerd (root) unless one answers, local images
+# (debootstrap, Python, Kafka, rollout-bus; cached), the single-broker stack with --scale stream=3 and the
+# 3-broker stack with a broker killed mid-run, checked from outside the containers (compose/README.md).
+# COMPOSE_TEST_RUNS=single|cluster|all.
+COMPOSE_TEST_RUNS ?= all
+compose-test: $(STAMP)
+	compose/compose-test.sh $(COMPOSE_TEST_RUNS)
