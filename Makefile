@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # The suite's broker is the project's own (rollout-bus kafka start), fresh every run, stopped also on failure.
 # Then the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
-# cached, 9-13 without; COMPOSE_TEST_RUNS=none skips it, saying so).
+# cached, 12 without; COMPOSE_TEST_RUNS=none skips it, saying so).
 test: $(STAMP)
 	@$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR) >/dev/null 2>&1 || true
 	@rm -rf $(TEST_KAFKA_DIR)
