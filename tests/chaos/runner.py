@@ -1,6 +1,6 @@
 """Runs chaos scenarios on brokers of its own and prints one row per scenario.
 
-Contract: the runner starts its own single broker (a free port in 40000-40999 unless ``--port``)
+Contract: the runner starts its own single broker (a free port pair of ``free_ports``, below the ephemeral range, unless ``--port``)
 and, only if a selected scenario needs it, its own three-node cluster; it never touches any other
 broker, and stops what it started. Each workload gets one undisturbed baseline run first (shown as
 ``baseline-<workload>``); every scenario is then judged against it: nothing lost or duplicated, no

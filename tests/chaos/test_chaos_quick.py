@@ -1,6 +1,6 @@
 """The quick chaos table (``python -m tests.chaos --quick``) as one test: every row must pass.
 
-It runs on a broker of its own (a free port in 40000-40999, killed and restarted by one scenario),
+It runs on a broker of its own (a free port of ``free_ports``, killed and restarted by one scenario),
 never the suite's shared broker, and takes about two to three minutes.
 """
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ import pytest
 
 from producers.publisher import TurnPublisher
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.local_broker import port_is_free
+from rollout_bus.kafka.local_cluster import free_ports
 from rollout_bus.topics import Topics
 from tests.integration.test_publisher import read_all
 
@@ -28,13 +27,6 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 OUTAGE_S = 130.0
 KEYS = [f"episode-{i}".encode() for i in range(12)]
-
-
-def free_port() -> int:
-    for port in random.sample(range(40000, 40999, 2), 200):
-        if port_is_free(port) and port_is_free(port + 1):
-            return port
-    raise RuntimeError("no free port pair in 40000-40999")
 
 
 def kafka(action: str, port: int, data_dir: Path) -> None:
@@ -46,7 +38,7 @@ def kafka(action: str, port: int, data_dir: Path) -> None:
 
 @pytest.fixture
 def own_broker(tmp_path):
-    port, data_dir = free_port(), tmp_path / "kafka"
+    port, data_dir = free_ports(1)[0], tmp_path / "kafka"
     kafka("start", port, data_dir)
     try:
         yield port, data_dir

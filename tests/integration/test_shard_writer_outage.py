@@ -2,23 +2,22 @@
 default timeouts (30 s requests, 60 s max_block), then writes what was produced after the broker came back.
 
 The suite's shared broker is never stopped: this test starts a private one (``rollout-bus kafka start``
-on a free port in 40000-40999 with its own data dir), stops it for OUTAGE_S while a writer subprocess
+on a free port of ``free_ports`` with its own data dir), stops it for OUTAGE_S while a writer subprocess
 runs, and starts it again with the same port and data dir.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.local_cluster import free_ports
 from rollout_bus.records import control_kind
 from rollout_bus.topics import Topics
 from tests.integration.test_shard_writer import (GROUP_SIZE, REPO, end_of_run, make_episode, manifests, publish,
@@ -28,19 +27,6 @@ pytestmark = pytest.mark.kafka
 
 OUTAGE_S = 42.0
 CLI = str(Path(sys.executable).parent / "rollout-bus")
-
-
-def _free_port_pair() -> int:
-    """A port p in 40000-40999 with p and p + 1 (the controller's) free."""
-    for port in range(40000 + uuid.uuid4().int % 900, 41000, 2):
-        try:
-            for p in (port, port + 1):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    pytest.skip("no free port pair in 40000-40999")
 
 
 def _broker(action: str, port: int, data_dir: Path) -> None:
@@ -58,7 +44,7 @@ def _wait_for(condition, what: str, timeout: float, proc: subprocess.Popen | Non
 
 
 def test_the_writer_survives_a_broker_outage_and_writes_what_comes_after_it(tmp_path):
-    port, data_dir = _free_port_pair(), tmp_path / "kafka"
+    port, data_dir = free_ports(1)[0], tmp_path / "kafka"
     client_kwargs = {"bootstrap_servers": f"127.0.0.1:{port}"}
     topics = Topics(prefix="outage.")
     out, log_path = tmp_path / "shards", tmp_path / "writer.log"
