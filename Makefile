@@ -40,7 +40,7 @@ test: $(STAMP)
 	exit $$status
 
 # Fault-injection drills of the whole pipeline on brokers of their own (a single node and a 3-node
-# cluster, free ports in 31000-31999): the full table takes about 15 minutes; CHAOS_ARGS="--only NAME".
+# cluster, free ports in 31000-31999): the full table takes about 20 minutes; CHAOS_ARGS="--only NAME".
 chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
