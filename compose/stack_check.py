@@ -146,6 +146,14 @@ def read_topic(bootstrap: str, topic: str) -> list:
         consumer.close()
 
 
+def turns_partitions(bootstrap: str) -> int:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        return len(consumer.partitions_for_topic("rollout.turns") or ())
+    finally:
+        consumer.close()
+
+
 def end_offsets(bootstrap: str, topic: str) -> int:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
@@ -266,9 +274,8 @@ def single(compose: list[str], episodes: int, keep: bool) -> None:
         say(f"stream group {STREAM_GROUP}: 3 members with {shares} partitions of rollout.turns; Kafka's tool says:")
         print(rollout_bus("kafka", "tool", "consumer-groups", "--bootstrap-server", SINGLE_BOOTSTRAP,
                           "--describe", "--members", "--verbose", "--group", STREAM_GROUP), flush=True)
-        if sum(shares) != end_partitions(SINGLE_BOOTSTRAP):
-            raise CheckFailed(f"the members hold {sum(shares)} partitions, rollout.turns has "
-                              f"{end_partitions(SINGLE_BOOTSTRAP)}")
+        if sum(shares) != (partitions := turns_partitions(SINGLE_BOOTSTRAP)):
+            raise CheckFailed(f"the members hold {sum(shares)} partitions, rollout.turns has {partitions}")
         run_to_the_end(stack, SINGLE_BOOTSTRAP)
         with tempfile.TemporaryDirectory(prefix="stack-check-") as work:
             batches = account(stack, SINGLE_BOOTSTRAP, episodes, Path(work))
@@ -276,14 +283,6 @@ def single(compose: list[str], episodes: int, keep: bool) -> None:
         failed = False
     finally:
         finish(stack, failed, keep)
-
-
-def end_partitions(bootstrap: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        return len(consumer.partitions_for_topic("rollout.turns") or ())
-    finally:
-        consumer.close()
 
 
 def run_to_the_end(stack: Stack, bootstrap: str) -> None:
