@@ -34,9 +34,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
+from rollout_bus.errors import RolloutBusError
+from rollout_bus.kafka.clients import group_less_consumer
+from rollout_bus.kafka.reader import TopicReader, partition_offsets
+from rollout_bus.records import control_kind
 from rollout_bus.shards import read_manifest, verify_batch
 
 COMPOSE_DIR = Path(__file__).resolve().parent
@@ -128,26 +132,16 @@ class Stack:
 
 
 def read_topic(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` up to its current end (group-less: commits nothing)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=2000)
+    """Every record of ``topic`` up to its current end (the project's group-less reader: commits nothing)."""
+    reader = TopicReader({"bootstrap_servers": bootstrap}, [topic])
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not parts:
-            return []
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        ends = consumer.end_offsets(parts)
-        records = []
-        while any(consumer.position(tp) < ends[tp] for tp in parts):
-            for batch in consumer.poll(timeout_ms=2000).values():
-                records.extend(batch)
-        return records
+        return reader.read_to_end(timeout_s=60)[topic]
     finally:
-        consumer.close()
+        reader.close()
 
 
 def turns_partitions(bootstrap: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = group_less_consumer({"bootstrap_servers": bootstrap})
     try:
         return len(consumer.partitions_for_topic("rollout.turns") or ())
     finally:
@@ -155,16 +149,16 @@ def turns_partitions(bootstrap: str) -> int:
 
 
 def end_offsets(bootstrap: str, topic: str) -> int:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    """Records ever written to ``topic``; 0 while it or a leader of its partitions is not known yet."""
+    consumer = group_less_consumer({"bootstrap_servers": bootstrap})
     try:
-        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        return sum(consumer.end_offsets(parts).values()) if parts else 0
+        return sum((partition_offsets(consumer, topic) or {}).values())
     finally:
         consumer.close()
 
 
 def is_control(record) -> bool:
-    return any(name == "control" for name, _ in record.headers or [])
+    return control_kind(record.headers) is not None
 
 
 def wait_until(what: str, check, timeout_s: float, stack: Stack | None = None, every_s: float = 3.0):
@@ -173,7 +167,7 @@ def wait_until(what: str, check, timeout_s: float, stack: Stack | None = None, e
     while True:
         try:
             found = check()
-        except (KafkaError, OSError) as exc:  # the host's own reads while a broker is down: ask again
+        except (KafkaError, RolloutBusError, OSError) as exc:  # the host's reads while a broker is down: ask again
             say(f"(reading the cluster from the host: {type(exc).__name__}: {exc}; retrying)")
             found = None
         if found:
