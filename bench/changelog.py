@@ -23,11 +23,11 @@ import uuid
 
 from kafka import KafkaConsumer, TopicPartition
 
-from producers.generator import iter_turns
-from producers.publisher import TurnPublisher
+from rollout_bus.sim.generator import iter_turns
+from rollout_bus.publish.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.topics import Topics
+from rollout_bus.wire.topics import Topics
 
 
 def start_worker(bootstrap: str, topics: Topics, app_id: str, log_path: str) -> subprocess.Popen:

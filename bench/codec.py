@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from rollout_bus.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
-from rollout_bus.sample import AdapterRef, Sample, Status
-from rollout_bus.sampling_mask import RolloutSamplingMask
+from rollout_bus.wire.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
+from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.model.sampling_mask import RolloutSamplingMask
 
 FIELDS = COMPUTED_FIELDS + SAMPLING_MASK_FIELDS
 COLD_BYTES = 256 * 1024 * 1024

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from rollout_bus.sampling_mask import RolloutSamplingMask, SamplingMaskBuilder
+from rollout_bus.model.sampling_mask import RolloutSamplingMask, SamplingMaskBuilder
 
 TOKENS_PER_TURN = 64
 TURNS = 1_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollout_bus.sampling_mask import RolloutSamplingMask
+from rollout_bus.model.sampling_mask import RolloutSamplingMask
 
 TOKENS = 4096
 TOP_K = 64

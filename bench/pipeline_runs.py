@@ -20,15 +20,15 @@ from pathlib import Path
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
 
-from producers.generator import iter_turns
-from producers.publisher import producer_defaults
-from rollout_bus.codec import encode_samples
+from rollout_bus.sim.generator import iter_turns
+from rollout_bus.publish.publisher import producer_defaults
+from rollout_bus.wire.codec import encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.metrics import get_rollout_key
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind, parse_announcement
+from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind, parse_announcement
 from rollout_bus.tools.demo import DemoOptions, DemoRun
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.wire.topics import rollout_key_string
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
 GROUP = 4  # GenerateSettings' n_samples_per_prompt

@@ -25,13 +25,13 @@ from kafka import KafkaProducer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from changelog import start_worker, wait_for  # noqa: E402  (bench scripts share helpers)
 
-from producers.generator import iter_turns  # noqa: E402
-from rollout_bus.codec import encode_samples  # noqa: E402
+from rollout_bus.sim.generator import iter_turns  # noqa: E402
+from rollout_bus.wire.codec import encode_samples  # noqa: E402
 from rollout_bus.config import GenerateSettings  # noqa: E402
 from rollout_bus.kafka.admin import ensure_topics  # noqa: E402
-from rollout_bus.metrics import get_rollout_key  # noqa: E402
-from rollout_bus.records import TURN_FIELDS, TurnHeaders  # noqa: E402
-from rollout_bus.topics import Topics, rollout_key_string  # noqa: E402
+from rollout_bus.model.metrics import get_rollout_key  # noqa: E402
+from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders  # noqa: E402
+from rollout_bus.wire.topics import Topics, rollout_key_string  # noqa: E402
 
 
 def encoded_copies(copies: int) -> tuple[list[tuple[bytes, bytes, list]], int]:

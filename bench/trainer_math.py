@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from rollout_bus.trainer_math import dense_support_log_probs, support_log_probs
+from rollout_bus.model.trainer_math import dense_support_log_probs, support_log_probs
 
 METHODS = {"restricted": support_log_probs, "dense": dense_support_log_probs}
 

@@ -1,13 +1,14 @@
 """The import contracts, generated from the packages, checked with import-linter (``make lint``).
 
-The folder tree is the data-flow diagram, and these contracts keep it so:
+The folder tree is the data-flow diagram (docs/architecture.md), and these contracts keep it so:
 
-* layers: ``rollout_bus.cli`` -> ``rollout_bus.tools`` -> (``producers`` | ``streams`` | ``consumers``
-  | ``rollout_bus.observe``, independent of each other) -> ``rollout_bus.kafka`` -> the contracts;
-* the contracts (every top-level module of ``rollout_bus``, found on disk, so a new one cannot be
-  left out) import none of the layers above them and no Kafka client library;
-* only ``rollout_bus.kafka`` and ``streams.app`` (the Faust app) import ``kafka``, ``aiokafka`` or
-  ``faust``; everything else reaches Kafka through ``rollout_bus.kafka``.
+* layers, top down: ``cli`` -> ``tools`` -> (``sim`` | ``observe``) -> the stages (``publish`` |
+  ``stream`` | ``shard_writer`` | ``feed``, independent of each other) -> ``kafka`` -> ``config`` ->
+  ``wire`` (how a rollout travels) -> ``model`` (what a rollout is) -> ``errors``;
+* the contracts (``wire``, ``model`` and the modules loose at the package root, found on disk, so a
+  new one cannot be left out) import none of the layers above them and no Kafka client library;
+* only ``rollout_bus.kafka`` and ``rollout_bus.stream.app`` (the Faust app) import ``kafka``,
+  ``aiokafka`` or ``faust``; everything else reaches Kafka through ``rollout_bus.kafka``.
 
 ``python -m tests.import_contracts`` writes the configuration to a temporary file, runs
 ``lint-imports`` on it and exits with its status; ``--print`` shows the configuration.
@@ -23,11 +24,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOT_PACKAGES = ("rollout_bus", "producers", "streams", "consumers")
-LAYERS = ("rollout_bus.cli", "rollout_bus.tools", "producers | streams | consumers | rollout_bus.observe",
-          "rollout_bus.kafka")
+PACKAGE = "rollout_bus"
+STAGES = ("publish", "stream", "shard_writer", "feed")
+# Top down; names in one tuple are independent of each other.
+LAYERS = (("cli",), ("tools",), ("sim", "observe"), STAGES, ("kafka",), ("config",), ("wire",), ("model",),
+          ("errors",))
+CONTRACT_PACKAGES = ("wire", "model")
 CLIENT_LIBRARIES = ("kafka", "aiokafka", "faust")
-CLIENT_OWNERS = ("rollout_bus.kafka", "streams.app")
+CLIENT_OWNERS = ("rollout_bus.kafka", "rollout_bus.stream.app")
 
 
 def modules_of(package: str) -> list[tuple[str, bool]]:
@@ -36,37 +40,49 @@ def modules_of(package: str) -> list[tuple[str, bool]]:
     return sorted((f"{package}.{m.name}", m.ispkg) for m in pkgutil.iter_modules([str(path)]))
 
 
+def layered() -> set[str]:
+    return {f"{PACKAGE}.{name}" for layer in LAYERS for name in layer}
+
+
 def contract_modules() -> list[str]:
-    """The data model: every top-level module of ``rollout_bus`` (its sub-packages are the layers)."""
-    return [name for name, is_package in modules_of("rollout_bus") if not is_package]
+    """The contracts: the data model, the wire, and every module loose at the package root."""
+    loose = [name for name, is_package in modules_of(PACKAGE) if not is_package]
+    return [f"{PACKAGE}.{p}" for p in CONTRACT_PACKAGES] + loose
+
+
+def unlayered() -> list[str]:
+    """Sub-packages or root modules on disk that no layer names: a new one must be placed."""
+    return [name for name, _ in modules_of(PACKAGE) if name not in layered()]
 
 
 def client_users() -> list[str]:
     """Every module that must reach Kafka through ``rollout_bus.kafka``."""
-    users = ["rollout_bus.cli", "rollout_bus.tools", "rollout_bus.observe", "producers", "consumers"]
-    users += [name for name, _ in modules_of("streams") if name not in CLIENT_OWNERS]
-    return users + contract_modules()
+    users = [f"{PACKAGE}.{name}" for layer in LAYERS for name in layer if name not in ("kafka", "stream")]
+    users += [name for name, _ in modules_of(f"{PACKAGE}.stream") if name not in CLIENT_OWNERS]
+    return users
 
 
-def _lines(name: str, values: list[str] | tuple[str, ...]) -> str:
+def _lines(name: str, values) -> str:
     return f"{name} =\n" + "".join(f"    {v}\n" for v in values)
 
 
 def config_text() -> str:
     """The import-linter configuration (INI)."""
-    above_contracts = ["rollout_bus.cli", "rollout_bus.tools", "rollout_bus.observe", "rollout_bus.kafka",
-                       "producers", "streams", "consumers", *CLIENT_LIBRARIES]
+    layer_lines = [" | ".join(f"{PACKAGE}.{n}" for n in layer) for layer in LAYERS]
+    contracts = set(contract_modules())
+    above_contracts = sorted(layered() - contracts - {f"{PACKAGE}.errors"}) + list(CLIENT_LIBRARIES)
     return "\n".join([
-        "[importlinter]\n" + _lines("root_packages", ROOT_PACKAGES) + "include_external_packages = True\n"
+        "[importlinter]\n" + _lines("root_packages", (PACKAGE,)) + "include_external_packages = True\n"
         "contracts =\n    layers\n    contracts-do-no-io\n    one-place-for-kafka\n",
-        "[importlinter:contract:layers]\nname = Layers: cli -> tools -> (stages | observe) -> kafka\n"
-        "type = layers\n" + _lines("layers", LAYERS),
+        "[importlinter:contract:layers]\nname = Layers: cli -> tools -> (sim | observe) -> stages -> kafka -> "
+        "config -> wire -> model -> errors\ntype = layers\n" + _lines("layers", layer_lines),
         "[importlinter:contract:contracts-do-no-io]\n"
-        "name = Contracts do no I/O: the data model imports no layer above it and no Kafka client\n"
+        "name = Contracts do no I/O: the wire and the data model import no layer above them and no Kafka client\n"
         "type = forbidden\n" + _lines("source_modules", contract_modules())
         + _lines("forbidden_modules", above_contracts),
         "[importlinter:contract:one-place-for-kafka]\n"
-        "name = One place for Kafka I/O: only rollout_bus.kafka and streams.app import kafka, aiokafka, faust\n"
+        "name = One place for Kafka I/O: only rollout_bus.kafka and rollout_bus.stream.app import kafka, "
+        "aiokafka, faust\n"
         "type = forbidden\nallow_indirect_imports = True\n" + _lines("source_modules", client_users())
         + _lines("forbidden_modules", CLIENT_LIBRARIES),
     ])
@@ -87,6 +103,10 @@ def main(argv: list[str]) -> int:
     if "--print" in argv:
         print(config_text())
         return 0
+    missing = unlayered()
+    if missing:
+        print(f"not in any layer of tests/import_contracts.py LAYERS: {', '.join(missing)}")
+        return 1
     done = run_lint()
     print(done.stdout + done.stderr, end="")
     return done.returncode

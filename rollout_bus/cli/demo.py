@@ -10,7 +10,7 @@ from rich.console import Console
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.local_broker import BrokerLease
+from rollout_bus.kafka.dev.local_broker import BrokerLease
 from rollout_bus.tools.demo import DemoOptions, run_demo
 
 console = Console(stderr=True)

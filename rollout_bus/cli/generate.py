@@ -40,12 +40,12 @@ from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import RolloutBusError, Stopped
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.client_logs import quiet_client_logs
-from rollout_bus.kafka.weights import WeightWatcher
+from rollout_bus.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
-    from producers.broker_wait import BrokerWait
-    from producers.generator import GenerateSummary
-    from producers.staleness_gate import GateWait
+    from rollout_bus.publish.broker_wait import BrokerWait
+    from rollout_bus.sim.generator import GenerateSummary
+    from rollout_bus.publish.staleness_gate import GateWait
 
 console = Console(stderr=True)
 logger = logging.getLogger("rollout_bus.cli.generate")
@@ -84,9 +84,9 @@ class StopSignals:
 
 def _run(settings: GenerateSettings, kafka: KafkaSettings,
          stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
-    from producers.generator import publish_generated  # torch: imported only when generating, so the
-    from producers.publisher import TurnPublisher       # rest of the CLI starts fast
-    from producers.staleness_gate import StalenessGate
+    from rollout_bus.sim.generator import publish_generated  # torch: imported only when generating, so the
+    from rollout_bus.publish.publisher import TurnPublisher       # rest of the CLI starts fast
+    from rollout_bus.publish.staleness_gate import StalenessGate
 
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()

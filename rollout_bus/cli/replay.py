@@ -23,7 +23,7 @@ from rich.table import Table
 
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
-from rollout_bus.positions import RangeStart, parse_range_start, with_prefix
+from rollout_bus.wire.positions import RangeStart, parse_range_start, with_prefix
 from rollout_bus.tools.replay import ReplayReport
 from rollout_bus.tools.replay import replay as run_replay
 
@@ -81,7 +81,7 @@ def replay(
     topic_prefix: str | None = options.TOPIC_PREFIX,
 ) -> None:
     """Rebuild shards from rollout.episodes or rollout.turns offsets with the shard writer's code; compare."""
-    logging.getLogger("streams").setLevel(logging.ERROR)  # what the offline merge rejects is in the summary
+    logging.getLogger("rollout_bus.stream").setLevel(logging.ERROR)  # what the offline merge rejects is in the summary
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     flags = {"batching": batching, "dp_size": dp_size, "groups_per_batch": groups_per_batch,
              "normalization": normalization}

@@ -4,7 +4,7 @@ Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; ex
 writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
 Broker outages never end it: the writer waits, logging one line per retry. ``--max-staleness K``
 (or ``ROLLOUT_BUS_MAX_STALENESS``, ``ShardSettings.max_staleness``) turns on the staleness net of step
-batching (``consumers.staleness``); the progress line counts the episodes it dropped.
+batching (``rollout_bus.shard_writer.staleness``); the progress line counts the episodes it dropped.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from consumers.shard_writer import ShardWriter, WriterOptions, WriterStats
-from consumers.writer_lock import WriterLockedError
+from rollout_bus.shard_writer.writer import ShardWriter, WriterOptions, WriterStats
+from rollout_bus.shard_writer.writer_lock import WriterLockedError
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 

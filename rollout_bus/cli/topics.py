@@ -1,4 +1,4 @@
-"""``rollout-bus topics create|list``: the pipeline's topics, from ``rollout_bus.topics``.
+"""``rollout-bus topics create|list``: the pipeline's topics, from ``rollout_bus.wire.topics``.
 
 ``create`` waits until the cluster answers, then creates every missing pipeline topic
 (``rollout_bus.kafka.admin.ensure_topics``) with the given partition counts and replication factor,
@@ -21,8 +21,8 @@ from rich.table import Table
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.local_broker import broker_answers
-from rollout_bus.topics import Topics
+from rollout_bus.kafka.dev.local_broker import broker_answers
+from rollout_bus.wire.topics import Topics
 
 app = typer.Typer(help="Create or list the pipeline's Kafka topics.", no_args_is_help=True)
 console = Console(stderr=True)

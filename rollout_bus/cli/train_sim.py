@@ -16,7 +16,7 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
-from rollout_bus.tools.train_sim import DEFAULT_VOCAB_SIZE, TrainSimOptions, TrainSimProgress, run_train_sim
+from rollout_bus.sim.trainer import DEFAULT_VOCAB_SIZE, TrainSimOptions, TrainSimProgress, run_train_sim
 
 console = Console(stderr=True)
 

@@ -33,7 +33,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ metadata (a fresh create can lag): a sorted list, or ``MissingTopicError`` after
 
 The few client-library names the stages need (``TopicPartition``, ``OffsetAndMetadata``,
 ``KafkaError`` ...) are re-exported here, so only ``rollout_bus.kafka`` imports kafka-python,
-aiokafka or Faust (and ``streams/app.py``, the Faust app).
+aiokafka or Faust (and ``rollout_bus/stream/app.py``, the Faust app).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from rollout_bus.errors import BrokerError, MissingTopicError
 from rollout_bus.kafka.limits import consumer_config
-from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer

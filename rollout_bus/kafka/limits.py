@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 HEADROOM_BYTES = 1 << 20  # key, headers and batch framing around the largest value
 COMPRESSION = "lz4"
 SEGMENT_BYTES_FLOOR = 256 << 20

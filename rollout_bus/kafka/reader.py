@@ -15,7 +15,7 @@ Contract:
   holds no history); ``read_to_end()`` polls until it has reached the end offsets seen when it was
   called; ``record_counts(names)`` gives the records ever written to any topics.
 * ``topic_names(conn)``: every topic on the cluster.
-* Offset ranges (``rollout_bus.positions``): ``resolve_ranges(consumer, starts, to=None)`` turns
+* Offset ranges (``rollout_bus.wire.positions``): ``resolve_ranges(consumer, starts, to=None)`` turns
   ``RangeStart``s into ``PartitionRange``s against the end offsets at that moment (``to`` is
   EXCLUSIVE, applies to every range; None means the end offset at start; a start before the
   earliest offset or past the end, or ``to`` below the start, raises ``ConfigError``; records
@@ -33,12 +33,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import BrokerError, ConfigError, must_be
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaError, TopicPartition, group_less_consumer,
                                        wait_for_partitions)
-from rollout_bus.positions import PartitionRange, Position, RangeStart
-from rollout_bus.records import control_kind
+from rollout_bus.wire.positions import PartitionRange, Position, RangeStart
+from rollout_bus.wire.records import control_kind
 
 logger = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.clients import KafkaError
 from rollout_bus.kafka.lag import LagProbe
 from rollout_bus.kafka.reader import TopicReader
-from rollout_bus.kafka.weights import WeightWatcher
+from rollout_bus.feed.weights import WeightWatcher
 from rollout_bus.errors import BrokerError
 from rollout_bus.observe.metrics_view import MetricsView
-from rollout_bus.topics import Topics
+from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
 

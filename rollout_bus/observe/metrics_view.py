@@ -34,10 +34,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
-from rollout_bus.records import METRIC_PREFIX, WeightVersion, prefixed, rollout_key_adapter
+from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, prefixed, rollout_key_adapter
 
 logger = logging.getLogger(__name__)
 

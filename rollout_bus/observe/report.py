@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any, Iterable, Mapping, Sequence
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.observe.metrics_view import staleness_rows
-from rollout_bus.records import rollout_key_adapter
-from rollout_bus.topics import Topics
+from rollout_bus.wire.records import rollout_key_adapter
+from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.reader import TopicReader, topic_names
 from rollout_bus.observe.report import RawRun
-from rollout_bus.records import control_kind
-from rollout_bus.topics import Topics
+from rollout_bus.wire.records import control_kind
+from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Reconciling a run: every valid episode the generator finished is in exactly one batch.
 
 The generator's summary lists the episodes it finished as (rollout key string, attempt), and the
-deliberate faults it injected (``producers/faults.py``). Each batch's manifest lists the episodes
+deliberate faults it injected (``rollout_bus/sim/faults.py``). Each batch's manifest lists the episodes
 it holds; each dead letter carries the original record key. An episode is accounted for when it is
 in exactly one written batch (with the attempt that was sent last), or, when in no batch, has at
 least one dead letter saying why (``settled``: nothing more is awaited).
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.shards import MANIFEST_NAME, verify_batch
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.shards import MANIFEST_NAME, verify_batch
 
 FAULT_EPISODE_KINDS = ("replay-gap",)  # faults whose own episode is meant to end in the DLQ
 BATCH_MATE_DLQ_KIND = "mask-check"     # what the replay-gap episode's batch-mates are dead-lettered as

@@ -30,8 +30,8 @@ from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.tools.processes import StageProcess
-from rollout_bus.tools.train_sim import TrainingCheck, read_trained, reconcile_training, staleness_problems
-from rollout_bus.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.sim.trainer import TrainingCheck, read_trained, reconcile_training, staleness_problems
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
 # the stages' own default names, given explicitly (no ROLLOUT_BUS_APP_ID from the environment): the

@@ -35,13 +35,13 @@ from rich.panel import Panel
 from rich.pretty import Pretty
 from rich.table import Table
 
-from rollout_bus.codec import decode_samples
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.codec import decode_samples
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError, ContractError
 from rollout_bus.kafka.reader import fetch_record
-from rollout_bus.positions import Position, parse_position, topic_kind
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind, decode_episode
-from rollout_bus.sample import Sample
+from rollout_bus.wire.positions import Position, parse_position, topic_kind
+from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind, decode_episode
+from rollout_bus.model.sample import Sample
 
 PREVIEW_BYTES = 64
 

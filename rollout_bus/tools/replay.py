@@ -5,13 +5,13 @@ Contract:
 * ``replay(client_kwargs, starts, out_dir=..., ...)`` reads the ranges with its own consumer
   (``kafka.reader.open_reader``: no group, no commits, nothing published) up to the end offsets at
   start (``to``: exclusive, for every range), and rebuilds batches into ``out_dir`` with the shard
-  writer's own code: ``consumers.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
-  (consumers.out_dir) are the writer's own convert, DP split and write steps, and
-  ``consumers.staleness.split_stale`` its staleness net, with the ``max_staleness`` its manifests
+  writer's own code: ``rollout_bus.shard_writer.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
+  (rollout_bus.shard_writer.out_dir) are the writer's own convert, DP split and write steps, and
+  ``rollout_bus.shard_writer.staleness.split_stale`` its staleness net, with the ``max_staleness`` its manifests
   record (step batching).
   All ranges must be of one topic, ``rollout.episodes`` or ``rollout.turns`` (prefixed or not).
 * From rollout.turns, episodes are first re-merged offline by the stream stage's own per-record
-  logic (``streams.processor.TurnProcessor`` over an in-memory table: the same duplicate,
+  logic (``rollout_bus.stream.processor.TurnProcessor`` over an in-memory table: the same duplicate,
   attempt, gap and merge rules, ``share_final_reward``); what it would have dead-lettered is
   reported, and episodes whose final turn lies outside the range are counted as open.
 * The original manifests come from ``compare_dir`` (a shards directory, only read) when given,
@@ -19,7 +19,7 @@ Contract:
   Unset settings (batching, dp_size, groups_per_batch, normalization) are read from them
   (``groups_per_batch`` inferred from a full batch's groups), else the shard writer's defaults;
   ``ReplaySettings.sources`` says where each came from, and a flag that disagrees is warned about.
-* Records are parsed as the writer parses them (``consumers.episodes.parse_record``): episodes
+* Records are parsed as the writer parses them (``rollout_bus.shard_writer.episodes.parse_record``): episodes
   and ``abandoned`` records go to the batcher (an abandoned record completes its group, as in the
   writer, and the rebuilt manifest lists it); end-of-run markers are skipped, the leftovers being
   flushed at the end of the range anyway. A batch whose groups are all abandoned is not written
@@ -48,22 +48,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from consumers.batcher import BATCHING_MODES, Batch, Batcher, Outcome
-from consumers.episodes import EndOfRunMarker, Episode, Member, parse_record
-from consumers.out_dir import convert_batch, write_batch
-from consumers.staleness import split_stale
+from rollout_bus.shard_writer.batcher import BATCHING_MODES, Batch, Batcher, Outcome
+from rollout_bus.shard_writer.episodes import EndOfRunMarker, Episode, Member, parse_record
+from rollout_bus.shard_writer.out_dir import convert_batch, write_batch
+from rollout_bus.shard_writer.staleness import split_stale
 from rollout_bus.config import ShardSettings
-from rollout_bus.dead_letter import source_of
+from rollout_bus.wire.dead_letter import source_of
 from rollout_bus.errors import ConfigError, ContractError, MissingTopicError, must_be
 from rollout_bus.kafka.clients import wait_for_partitions
 from rollout_bus.kafka.reader import open_reader, read_ranges, resolve_ranges
-from rollout_bus.positions import RangeStart, topic_kind, topic_prefix
-from rollout_bus.records import parse_announcement
-from rollout_bus.topics import Topics
-from rollout_bus.train_data import NORMALIZATIONS, read_manifest
-from streams.episode_state import EpisodeIndex
-from streams.processor import TurnProcessor, TurnRecord
-from streams.state import ChangelogState
+from rollout_bus.wire.positions import RangeStart, topic_kind, topic_prefix
+from rollout_bus.wire.records import parse_announcement
+from rollout_bus.wire.topics import Topics
+from rollout_bus.model.train_data import NORMALIZATIONS, read_manifest
+from rollout_bus.stream.episode_state import EpisodeIndex
+from rollout_bus.stream.processor import TurnProcessor, TurnRecord
+from rollout_bus.stream.state import ChangelogState
 
 logger = logging.getLogger(__name__)
 

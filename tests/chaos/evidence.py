@@ -14,7 +14,7 @@ def shard_digests(shards_dir: Path) -> dict[str, str]:
 
 def longest_episode_tokens(shards_dir: Path) -> int:
     """Response tokens of the longest episode in the shards (its segments summed, per rollout)."""
-    from rollout_bus.shards import load_shard  # safetensors: only the runs that ask pay for it
+    from rollout_bus.model.shards import load_shard  # safetensors: only the runs that ask pay for it
 
     totals: dict[tuple[int, int, int], int] = {}
     for path in sorted(shards_dir.glob("batch-*/dp-*.safetensors")):

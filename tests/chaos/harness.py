@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.tools.accounting import Reconciliation, reconcile
 from rollout_bus.tools.processes import StageProcess
 from rollout_bus.kafka.reader import TopicWatcher
-from rollout_bus.topics import Topics
+from rollout_bus.wire.topics import Topics
 from tests.chaos.evidence import log_excerpt
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_bus.shards import read_manifest, verify_batch
+from rollout_bus.model.shards import read_manifest, verify_batch
 from tests.unit.compose.test_compose import BASE, command_path, environment, load
 
 pytestmark = pytest.mark.kafka

@@ -8,11 +8,11 @@ import zlib
 
 import pytest
 
-from rollout_bus.codec import encode_samples
-from rollout_bus.metrics import get_rollout_key
-from rollout_bus.partitioning import partition_for
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.wire.codec import encode_samples
+from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.wire.partitioning import partition_for
+from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind
+from rollout_bus.wire.topics import rollout_key_string
 from tests.integration.test_stream_worker import (Reader, Worker, _expected_episodes, _generated, _keys,
                                                   _wait_for_stable_group)
 

@@ -12,8 +12,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from rollout_bus.errors import ConfigError
-from rollout_bus.kafka.local_broker import port_is_free
-from rollout_bus.kafka.local_cluster import LocalCluster, cluster_properties, free_ports
+from rollout_bus.kafka.dev.local_broker import port_is_free
+from rollout_bus.kafka.dev.local_cluster import LocalCluster, cluster_properties, free_ports
 
 TOPIC = "cluster-drill"
 RECORDS_PER_PHASE = 300

@@ -12,9 +12,9 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.sample import AdapterRef, Sample, Status
-from rollout_bus.shards import load_shard
+from rollout_bus.model.metrics import compute_metrics_from_samples
+from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.model.shards import load_shard
 from tests.integration.pipeline_harness import (batches_written_at_least, episodes_emitted_at_least,
                                                 kill_and_restart, run_pipeline, shard_digests)
 

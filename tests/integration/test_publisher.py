@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from producers.generator import iter_turns
-from producers.publisher import TurnPublisher
-from rollout_bus.codec import decode_samples
+from rollout_bus.sim.generator import iter_turns
+from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.wire.codec import decode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
-from rollout_bus.metrics import get_rollout_key
-from rollout_bus.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders, control_kind
-from rollout_bus.sample import Sample, Status
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders, control_kind
+from rollout_bus.model.sample import Sample, Status
+from rollout_bus.wire.topics import rollout_key_string
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from rollout_bus.dead_letter import DeadLetter, source_of
-from rollout_bus.episode_stats import EpisodeStats
-from rollout_bus.metrics import compute_metrics_from_samples
-from rollout_bus.records import batch_metrics_record, window_metrics_record
-from rollout_bus.sample import AdapterRef, Sample, Status
-from rollout_bus.shards import write_batch_shards
-from rollout_bus.topics import rollout_key_string
-from rollout_bus.train_data import convert_samples_to_train_data, split_train_data_by_dp
+from rollout_bus.wire.dead_letter import DeadLetter, source_of
+from rollout_bus.model.episode_stats import EpisodeStats
+from rollout_bus.model.metrics import compute_metrics_from_samples
+from rollout_bus.wire.records import batch_metrics_record, window_metrics_record
+from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.model.shards import write_batch_shards
+from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"math": AdapterRef("math", 0), "code<&>": AdapterRef("code<&>", 1)}

@@ -18,14 +18,14 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from consumers.shard_writer import ShardWriter, WriterOptions
-from consumers.trainer_feed import ShardFeed
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.shard_writer.writer import ShardWriter, WriterOptions
+from rollout_bus.feed.trainer_feed import ShardFeed
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.positions import RangeStart
+from rollout_bus.wire.positions import RangeStart
 from rollout_bus.tools.replay import replay
-from rollout_bus.records import Abandoned, control_kind
-from rollout_bus.topics import Topics, rollout_key_string
+from rollout_bus.wire.records import Abandoned, control_kind
+from rollout_bus.wire.topics import Topics, rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_episode, manifests, publish,
                                                  read_topic, run_writer)
 

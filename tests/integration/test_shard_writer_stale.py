@@ -13,12 +13,12 @@ import uuid
 
 import pytest
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.metrics import compute_staleness_metrics
-from rollout_bus.positions import RangeStart
-from rollout_bus.records import EpisodeInfo, control_kind, decode_episode, encode_episode
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.metrics import compute_staleness_metrics
+from rollout_bus.wire.positions import RangeStart
+from rollout_bus.wire.records import EpisodeInfo, control_kind, decode_episode, encode_episode
 from rollout_bus.tools.replay import replay
-from rollout_bus.topics import rollout_key_string
+from rollout_bus.wire.topics import rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_segment, manifests, publish,
                                                  read_topic, run_writer)
 

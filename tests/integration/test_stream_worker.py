@@ -15,17 +15,17 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 
-from producers.generator import iter_turns
-from producers.publisher import TurnPublisher
+from rollout_bus.sim.generator import iter_turns
+from rollout_bus.publish.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import adapter_scope
-from rollout_bus.metrics import compute_metrics_from_samples, get_rollout_key
-from rollout_bus.records import TurnHeaders, decode_episode
-from rollout_bus.topics import rollout_key_string
-from rollout_bus.turns import merge_samples
-from streams.episode_state import share_final_reward
-from streams.windows import merge_window_records
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import adapter_scope
+from rollout_bus.model.metrics import compute_metrics_from_samples, get_rollout_key
+from rollout_bus.wire.records import TurnHeaders, decode_episode
+from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.model.turns import merge_samples
+from rollout_bus.stream.episode_state import share_final_reward
+from rollout_bus.stream.windows import merge_window_records
 
 pytestmark = pytest.mark.kafka
 
@@ -178,8 +178,8 @@ def test_bad_records_go_to_the_dlq_and_later_episodes_still_arrive(kafka_bootstr
 
 
 def _encode(sample):
-    from rollout_bus.codec import encode_samples
-    from rollout_bus.records import TURN_FIELDS
+    from rollout_bus.wire.codec import encode_samples
+    from rollout_bus.wire.records import TURN_FIELDS
 
     return encode_samples([sample], TURN_FIELDS)
 

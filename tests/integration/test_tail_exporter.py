@@ -16,10 +16,10 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats
-from rollout_bus.records import WEIGHTS_KEY, WeightVersion, batch_metrics_record, window_metrics_record
-from rollout_bus.sample import AdapterRef, Sample, Status
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import EpisodeStats
+from rollout_bus.wire.records import WEIGHTS_KEY, WeightVersion, batch_metrics_record, window_metrics_record
+from rollout_bus.model.sample import AdapterRef, Sample, Status
 from tests.integration.pipeline_harness import run_pipeline
 
 STREAM_GROUP = "ops-test-stream"

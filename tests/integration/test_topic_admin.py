@@ -12,7 +12,7 @@ from kafka.errors import ClusterAuthorizationFailedError
 
 from rollout_bus.kafka.admin import ensure_topics, existing_topics, raise_record_limits
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.topics import Topics
+from rollout_bus.wire.topics import Topics
 
 pytestmark = pytest.mark.kafka
 LIMIT = "max.message.bytes"

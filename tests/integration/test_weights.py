@@ -11,8 +11,8 @@ import pytest
 
 from rollout_bus.errors import ConfigError, FeedTimeoutError
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.weights import WeightPublisher, WeightWatcher
-from rollout_bus.topics import Topics
+from rollout_bus.feed.weights import WeightPublisher, WeightWatcher
+from rollout_bus.wire.topics import Topics
 from tests.integration.test_topic_admin import configs
 
 pytestmark = pytest.mark.kafka

@@ -12,14 +12,14 @@ import json
 
 import pytest
 
-from rollout_bus.codec import decode_samples
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.codec import decode_samples
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError
 from rollout_bus.kafka.reader import TopicReader
-from rollout_bus.partitioning import partition_for
-from rollout_bus.records import TURN_FIELDS, TurnHeaders, control_kind, parse_announcement
+from rollout_bus.wire.partitioning import partition_for
+from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind, parse_announcement
 from tests.integration.pipeline_harness import run_pipeline
-from tests.unit.contracts.test_wire_schemas import samples_meta, wire_example
+from tests.unit.wire.test_wire_schemas import samples_meta, wire_example
 from tests.wire_schemas import header_object, validate
 
 pytestmark = pytest.mark.kafka

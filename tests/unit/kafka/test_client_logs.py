@@ -27,7 +27,7 @@ def test_a_repeated_client_error_passes_once_per_interval_and_then_says_how_many
 
 def test_other_loggers_other_templates_and_info_lines_are_untouched():
     keep = RepeatFilter(10.0, clock=lambda: 0.0)
-    assert all(keep.filter(_record("streams.app", "waiting %s")) for _ in range(3))
+    assert all(keep.filter(_record("rollout_bus.stream.app", "waiting %s")) for _ in range(3))
     assert all(keep.filter(_record("aiokafka", "joined %s", logging.INFO)) for _ in range(3))
     assert keep.filter(_record("kafka.client", "a %s")) and keep.filter(_record("kafka.client", "b %s"))
     assert not keep.filter(_record("kafka.client", "a %s"))

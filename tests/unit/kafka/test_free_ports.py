@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollout_bus.kafka.local_broker import port_is_free
-from rollout_bus.kafka.local_cluster import free_ports
+from rollout_bus.kafka.dev.local_broker import port_is_free
+from rollout_bus.kafka.dev.local_cluster import free_ports
 
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 

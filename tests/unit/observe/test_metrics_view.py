@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats
-from rollout_bus.metrics import compute_metrics_from_samples
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import EpisodeStats
+from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.observe.exporter import snapshot_families
 from rollout_bus.kafka.lag import lag_rows
 from rollout_bus.observe.metrics_view import MetricsView, metric_series
-from rollout_bus.records import batch_metrics_record, prefixed, window_metrics_record
-from rollout_bus.sample import AdapterRef, Sample, Status
+from rollout_bus.wire.records import batch_metrics_record, prefixed, window_metrics_record
+from rollout_bus.model.sample import AdapterRef, Sample, Status
 
 
 def _episode(rollout_id: int, length: int, reward: float, adapter: str | None = None) -> list[Sample]:
@@ -24,7 +24,7 @@ def _episode(rollout_id: int, length: int, reward: float, adapter: str | None = 
 
 def _partial(start: int, adapter: str | None, partition: int, episodes: list[list[Sample]], *,
              closed: bool = False) -> bytes:
-    """A window record as the stream stage publishes it (streams.windows.window_record)."""
+    """A window record as the stream stage publishes it (rollout_bus.stream.windows.window_record)."""
     stats = EpisodeStats()
     for episode in episodes:
         stats.add_episode(episode)

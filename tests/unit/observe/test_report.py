@@ -7,14 +7,14 @@ import math
 import re
 import xml.etree.ElementTree as ET
 
-from rollout_bus.dead_letter import DeadLetter
-from rollout_bus.episode_stats import EpisodeStats
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.observe.report import (RawRun, build_report, fold_batches, fold_dead_letters,
                                     fold_windows, render_html)
 from rollout_bus.observe.charts import Bar, Series, bar_chart, line_chart, nice_ticks, time_ticks
-from rollout_bus.records import batch_metrics_record, window_metrics_record
-from rollout_bus.sample import AdapterRef, Sample, Status
-from rollout_bus.topics import Topics
+from rollout_bus.wire.records import batch_metrics_record, window_metrics_record
+from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.wire.topics import Topics
 
 SLOTS = {"math": 0, "code": 1}
 

@@ -10,8 +10,8 @@ from rollout_bus.cli.tail import render
 from rollout_bus.observe.exporter import snapshot_families
 from rollout_bus.observe.metrics_view import MetricsView, staleness_rows
 from rollout_bus.observe.report import RawRun, build_report, fold_batches, render_html
-from rollout_bus.records import WeightVersion, batch_metrics_record
-from rollout_bus.topics import Topics
+from rollout_bus.wire.records import WeightVersion, batch_metrics_record
+from rollout_bus.wire.topics import Topics
 
 SCOPED = {"adapter/math/staleness/mean": 0.5, "adapter/math/staleness/max": 1.0, "adapter/math/staleness/oldest": 2.0,
           "adapter/code/staleness/mean": 1.25, "adapter/code/staleness/max": 3.0,

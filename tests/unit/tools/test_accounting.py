@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollout_bus.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.tools.accounting import reconcile
 
 GAP = '[null,null,"rollout",0,0]'

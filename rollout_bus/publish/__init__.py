@@ -1,0 +1,5 @@
+"""The publishing library a real generator uses: turns onto rollout.turns, engine responses to turns,
+the staleness gate, and saying so while records wait for the broker.
+
+Consumes: nothing (an inference engine's output) and rollout.weights through the gate. Produces: rollout.turns (one turn sample per record).
+"""

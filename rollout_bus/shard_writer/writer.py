@@ -1,0 +1,501 @@
+"""The shard writer's Kafka loop: rollout.episodes in; shards, manifests, batch metrics and dead letters out.
+
+Contract (PIPELINE.md, consumers/):
+
+* Reads every partition of rollout.episodes with a kafka-python ``KafkaConsumer`` (manually
+  assigned, ``enable_auto_commit=False``; the group id only stores offsets, so run one writer per
+  group id: groups span partitions). Each record is parsed (``rollout_bus.shard_writer.episodes.parse_record``)
+  into an episode, an abandoned episode or an end-of-run marker; episodes and abandoned episodes
+  go through ``rollout_bus.shard_writer.batcher``.
+* Batch boundaries depend only on the log, never on a clock. A step batch is written when every
+  group of its range is complete, where an ``abandoned`` record counts its episode as present:
+  the batch is written without the abandoned episodes and its manifest lists them, so a replay or
+  a restart reaches the same decision, byte for byte. A batch whose groups are all abandoned is
+  not written (logged, offsets released); its seq is absent from the output.
+* The final partial batch closes on the end-of-run markers (``rollout_bus.shard_writer.end_of_run``): once every
+  rollout.episodes partition has carried the marker of every turns partition of a run, everything
+  pending is flushed as partial batches (``Batcher.flush``; episode-less ones skipped). Markers
+  are held uncommitted until that flush is written, so a crash before it re-reads them; a
+  duplicate marker is harmless.
+* A record that does not decode, or that the batcher rejects, goes to rollout.dlq
+  (``DeadLetter``, stage ``shards``) and the loop goes on. Duplicates are dropped and counted.
+  A dead-letter copy the producer or broker refuses for its size goes by reference instead: same
+  key and headers, value null, kind ``too_large``, the reason giving the original's size and
+  ``dlq.source``. Never fatal.
+* Staleness net (``max_staleness`` set, step batching): before a due batch ``k`` is converted, an
+  episode whose oldest weight version is below ``k - max_staleness`` goes to the DLQ (kind
+  ``stale``, the reason naming the episode, its oldest version, the batch and the bound) and the
+  batch is written without it; its manifest lists it (``extra.stale``), so a restart or a replay
+  reaches the same decision (``rollout_bus.shard_writer.staleness``). Counted in ``WriterStats.stale``. A batch
+  left with no episode is skipped as empty. Arrival batching has no net (no step identity: see
+  ``rollout_bus.shard_writer.staleness``); the bound is then ignored, with a warning. The batch metrics carry
+  ``staleness/{mean,max,oldest}`` with step = the batch seq in both modes (``out_dir.batch_metrics``).
+* A due batch is converted with ``convert_samples_to_train_data``. If that fails (the whole-batch
+  sampling-mask check, or any other contract check), every episode of the batch goes to the DLQ,
+  one dead letter each, with the original record, the error (position, sample_index, status) and
+  that episode's batch positions; the loop goes on with the next batch.
+* A batch that passes is split across ``dp_size`` ranks and written with ``write_batch_shards``
+  (shards, then ``manifest.json``, each atomic). Then the batch metrics record goes to
+  rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
+  key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
+  first offset of a record not yet in a written, dead-lettered or skipped batch (or flush).
+* A seq that will never be written (an empty or a dead-lettered batch) is said so on
+  rollout.shards (``records.BatchSkipped``, key the seq), and once a run's last batch is written a
+  ``records.BatchesEnded`` (every seq below its ``next_seq`` announced or skipped) follows, so a
+  trainer following the batches in order never waits for one that cannot come.
+* Every send is confirmed before offsets are committed past it (``rollout_bus.shard_writer.delivery``): a send
+  that failed is sent again, so a manifest may appear twice on rollout.shards (readers dedupe by
+  the batch seq key), a batch-metrics record or a dead letter twice on theirs; nothing is lost.
+* Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
+  end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
+  flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
+  with backoff (``rollout_bus.kafka.retry``), one WARNING line per retry; a timeout never ends the
+  process. The producer keeps a record for up to an hour inside kafka-python before its future
+  fails (and the writer sends it again).
+* One writer per output directory: ``run()`` holds ``rollout_bus.shard_writer.writer_lock`` for its whole life,
+  and a second writer on the same directory is refused (``WriterLockedError``, naming the holder).
+* Effectively once. At start-up the writer scans ``--out`` (``out_dir.scan_out_dir``: temporary
+  files and manifest-less batches removed), reads rollout.shards back, and announces each
+  complete batch on disk that was never announced (a kill between manifest and announcement).
+  Rollout keys of a batch on disk (episodes and abandoned) count as written, so a batch is never
+  written twice; anything not in one is re-read from the committed offsets, and in step mode
+  forms the same batch, byte for byte. Only the keys of the ``written_memory`` newest batches stay
+  in memory; older ones are looked up in their manifest on disk (``out_dir.written_keys``).
+* Stopping: ``exit_on_end_of_run`` returns once an end-of-run flush is written and committed;
+  ``exit_when_idle`` returns once no record arrived for ``idle_s`` and the writer is caught up
+  with the topic (a stop condition only: it never forms a batch; pending episodes stay
+  uncommitted for the next run); ``max_batches`` after that many batches written by this process.
+  SIGTERM stops the loop at the next iteration, also while waiting for the broker.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rollout_bus.shard_writer.batcher import DEFAULT_WRITTEN_MEMORY, Batch, Batcher, Outcome
+from rollout_bus.shard_writer.delivery import Outbox, Outgoing
+from rollout_bus.shard_writer.end_of_run import EndOfRunTracker
+from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
+from rollout_bus.shard_writer.out_dir import (announced_ids, announcement, convert_batch, manifest_place, scan_out_dir,
+                               write_batch, written_keys)
+from rollout_bus.shard_writer.staleness import split_stale
+from rollout_bus.shard_writer.writer_lock import hold_writer_lock
+from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, source_of
+from rollout_bus.errors import ContractError, MaskCheckError
+from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
+                                       new_producer, wait_for_partitions)
+from rollout_bus.kafka.limits import producer_config
+from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
+from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record, control_kind
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.model.train_data import batch_path
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+STAGE = "shards"
+DEFAULT_IDLE_S = 10.0
+POLL_TIMEOUT_MS = 200
+OFFSETS_TIMEOUT_MS = 10_000
+# The producer keeps retrying a record inside kafka-python for this long before its future fails
+# (then the writer sends it again); sends block at most MAX_BLOCK_MS per try, so waits are logged.
+DELIVERY_TIMEOUT_MS = 3_600_000
+MAX_BLOCK_MS = 10_000
+CLOSE_TIMEOUT_S = 10.0
+LAG_INTERVAL_S = 5.0
+LOOKUP_CACHE = 16
+
+
+@dataclass
+class WriterStats:
+    """What the writer did, for progress lines and the exit summary."""
+
+    records: int = 0
+    episodes: int = 0
+    abandoned: int = 0
+    stale: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    dead_letters_by_reference: int = 0
+    control_records: int = 0
+    batches_written: int = 0
+    batches_dead_lettered: int = 0
+    batches_skipped: int = 0
+    batches_found: int = 0
+    batches_reannounced: int = 0
+    runs_ended: int = 0
+    broker_waits: int = 0
+    pending: int = 0
+    lag: int | None = None
+    last_batch: int | None = None
+    written_dirs: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """Plain values the CLI hands the writer."""
+
+    out_dir: Path
+    dp_size: int
+    groups_per_batch: int
+    batching: str = "step"
+    group_id: str = "rollout-bus-shards"
+    normalization: str = "grpo"
+    exit_when_idle: bool = False
+    exit_on_end_of_run: bool = False
+    max_batches: int | None = None
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    written_memory: int = DEFAULT_WRITTEN_MEMORY
+    idle_s: float = DEFAULT_IDLE_S
+    max_staleness: int | None = None  # the staleness net (step batching only); None: no net
+
+
+class ShardWriter:
+    """One writer process; ``run()`` until told to stop (see the module docstring)."""
+
+    def __init__(self, client_kwargs: dict[str, Any], topics: Topics, options: WriterOptions,
+                 on_progress: Callable[[WriterStats], None] | None = None) -> None:
+        self.client_kwargs = dict(client_kwargs)
+        self.topics = topics
+        self.options = options
+        self.stats = WriterStats()
+        self._on_progress = on_progress or (lambda stats: None)
+        lookup = functools.lru_cache(maxsize=LOOKUP_CACHE)(functools.partial(written_keys, options.out_dir))
+        self._batcher = Batcher(options.groups_per_batch, options.batching, written_memory=options.written_memory,
+                                lookup=lookup)
+        self._committed: dict[int, int] = {}
+        self._stop = False
+        self._run_over = False
+        self._tracker = EndOfRunTracker(())
+        self._producer: KafkaProducer | None = None
+        self._outbox: Outbox | None = None
+        self._consumer: KafkaConsumer | None = None
+        self._max_staleness = options.max_staleness if options.batching == "step" else None
+        if options.max_staleness is not None and options.batching != "step":
+            logger.warning("max_staleness=%d ignored: arrival batching has no step identity to judge staleness by",
+                           options.max_staleness)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self, *_: Any) -> None:
+        self._stop = True
+
+    def _retry(self, operation: Callable[[], T], what: str) -> T:
+        def counted(attempt: int, exc: BaseException) -> None:
+            self.stats.broker_waits += 1
+        return retrying(operation, what, should_stop=lambda: self._stop, on_retry=counted)
+
+    def run(self) -> WriterStats:
+        try:
+            signal.signal(signal.SIGTERM, self.stop)
+        except ValueError:  # not the main thread: the caller stops us
+            pass
+        with hold_writer_lock(self.options.out_dir, {"group": self.options.group_id,
+                                                     "episodes_topic": self.topics.episodes}):
+            try:
+                self._producer = self._retry(self._new_producer, "connect the producer")
+                self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
+                self._resume_from_disk()
+                self._consumer = self._open_consumer()
+                self._loop()
+            except Stopped as exc:
+                logger.info("stopping: %s", exc)
+            finally:
+                if self._consumer is not None:
+                    self._consumer.close(autocommit=False)
+                if self._producer is not None:
+                    self._producer.close(timeout=CLOSE_TIMEOUT_S)
+        return self.stats
+
+    def _new_producer(self) -> KafkaProducer:
+        """acks=all, sized by ``max_record_bytes``; not idempotent: kafka-python 3 turns an idempotent
+        producer's size refusal into a fatal error that fails every record in flight and every later
+        send, and the writer's records tolerate a duplicate anyway (see ``rollout_bus.shard_writer.delivery``). One
+        request in flight keeps each partition in order."""
+        sizes = producer_config(self.options.max_record_bytes)
+        return new_producer(self.client_kwargs, acks="all", enable_idempotence=False,
+                            max_in_flight_requests_per_connection=1, linger_ms=5,
+                            delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS, **sizes)
+
+    def _new_consumer(self, **kwargs: Any) -> KafkaConsumer:
+        return new_consumer(self.client_kwargs, max_record_bytes=self.options.max_record_bytes, **kwargs)
+
+    def _resume_from_disk(self) -> None:
+        """Mark batches on disk written; announce the ones rollout.shards never saw."""
+        written = scan_out_dir(self.options.out_dir)
+        announced = announced_ids(self._retry(self._read_announcements, "read announcements from rollout.shards")
+                                  ) if written else set()
+        for batch in written:
+            self._batcher.mark_written(batch.seq, batch.keys(), batch.groups())
+            self.stats.batches_found += 1
+            if (batch.directory.name, batch.manifest_sha256) not in announced:
+                self._announce(batch.seq, batch.manifest, batch.directory)
+                self.stats.batches_reannounced += 1
+                logger.info("announced batch=%d found on disk but never announced", batch.seq)
+        logger.info("resumed out=%s batches_on_disk=%d", self.options.out_dir, len(written))
+
+    def _read_announcements(self) -> list[bytes | None]:
+        """Every value on rollout.shards up to its end; Unavailable when the broker stops answering."""
+        consumer = self._new_consumer()
+        try:
+            partitions = self._partitions(consumer, self.topics.shards)
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            ends = consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS)
+            values: list[bytes | None] = []
+            quiet_since = time.monotonic()
+            while any(consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS) < end for tp, end in ends.items()):
+                polled = consumer.poll(timeout_ms=500)
+                for records in polled.values():
+                    values.extend(r.value for r in records)
+                if polled:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > OFFSETS_TIMEOUT_MS / 1000:
+                    raise Unavailable(f"no record from {self.topics.shards} for {OFFSETS_TIMEOUT_MS // 1000}s "
+                                      f"before its end")
+            return values
+        finally:
+            consumer.close()
+
+    def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
+        def found() -> list[TopicPartition]:  # MissingTopicError is Unavailable: retried
+            return [TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic, timeout_s=1.0)]
+        return self._retry(found, f"the partitions of {topic}")
+
+    def _open_consumer(self) -> KafkaConsumer:
+        consumer = self._retry(lambda: self._new_consumer(group_id=self.options.group_id,
+                                                          auto_offset_reset="earliest", max_poll_records=500),
+                               "connect the consumer")
+        partitions = self._partitions(consumer, self.topics.episodes)
+        consumer.assign(partitions)
+        self._tracker = EndOfRunTracker(tp.partition for tp in partitions)
+        for tp in partitions:  # resolves committed offsets (or earliest) before the idle clock starts
+            position = self._retry(lambda: consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
+                                   f"the committed offset of {tp.topic}:{tp.partition}")
+            logger.info("reading topic=%s partition=%d offset=%d", tp.topic, tp.partition, position)
+        return consumer
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        opts = self.options
+        last_record = last_lag = time.monotonic()
+        while not self._stop:
+            polled = self._retry(lambda: self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS), "poll rollout.episodes")
+            for records in polled.values():
+                for record in records:
+                    self._take(record)
+            now = time.monotonic()
+            if polled:
+                last_record = now
+            self._write_all(self._batcher.ready())
+            self._checkpoint()
+            self.stats.pending = self._batcher.pending_episodes
+            if now - last_lag >= LAG_INTERVAL_S:
+                self.stats.lag, last_lag = self._lag(), now
+            self._on_progress(self.stats)
+            if self._reached_max():
+                logger.info("wrote max_batches=%d: stopping", opts.max_batches)
+                return
+            if self._run_over and opts.exit_on_end_of_run:
+                logger.info("end of run written and committed: stopping")
+                return
+            if opts.exit_when_idle and now - last_record >= opts.idle_s and self._caught_up():
+                if self._batcher.pending_episodes:
+                    logger.warning("exiting idle with pending=%d records left uncommitted",
+                                   self._batcher.pending_episodes)
+                return
+
+    def _lag(self) -> int:
+        """Records on rollout.episodes not read yet (for the progress line and ``exit_when_idle``)."""
+        partitions = list(self._consumer.assignment())
+        ends = self._retry(lambda: self._consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS),
+                           "the end offsets of rollout.episodes")
+        return sum(max(0, end - self._retry(lambda: self._consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
+                                            "the position on rollout.episodes")) for tp, end in ends.items())
+
+    def _caught_up(self) -> bool:
+        self.stats.lag = self._lag()
+        return self.stats.lag == 0
+
+    def _take(self, record: Any) -> None:
+        """One rollout.episodes record into the batcher, the end-of-run tracker, or the DLQ."""
+        self.stats.records += 1
+        try:
+            item = parse_record(record.key, record.value, record.headers, partition=record.partition,
+                                offset=record.offset)
+        except ContractError as exc:
+            self._batcher.skip(record.partition, record.offset)
+            control = control_kind(record.headers)
+            what = "episode" if control is None else f"control ({control})"
+            self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
+                              f"{what} record does not decode: {exc}", "decode" if control is None else "control")
+            return
+        if isinstance(item, EndOfRunMarker):
+            self._marker(item)
+            return
+        result = self._batcher.add(item)
+        abandoned = isinstance(item, AbandonedEpisode)
+        if result.outcome is Outcome.ACCEPTED:
+            self.stats.abandoned += abandoned
+            self.stats.episodes += not abandoned
+        elif result.outcome is Outcome.REPLACED:
+            pass  # the same episode, a later attempt: counted once
+        elif result.outcome is Outcome.REJECTED:
+            self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
+                              result.reason, result.kind)
+        else:
+            self.stats.duplicates += 1
+            logger.debug("dropped %s key=%s attempt=%d", result.outcome.value, item.key, item.attempt)
+
+    def _marker(self, marker: EndOfRunMarker) -> None:
+        """Hold the marker until its run's flush is written; flush once the run is complete."""
+        self.stats.control_records += 1
+        if self._tracker.is_finished(marker.run):
+            self._batcher.skip(marker.partition, marker.offset)
+            logger.info("end-of-run run=%s partition=%d offset=%d: run already flushed, ignored", marker.run,
+                        marker.partition, marker.offset)
+            return
+        self._batcher.hold(marker.partition, marker.offset)
+        if self._tracker.add(marker):
+            self._write_all(self._batcher.ready())
+            self._end_run(marker.run)
+
+    def _end_run(self, run: str) -> None:
+        """Flush everything pending as partial batches; release the run's markers once all are written."""
+        batches = self._batcher.flush()
+        logger.info("end of run run=%s: flushing %d partial batches", run, len(batches))
+        self._write_all(batches)
+        if self._batcher.unfinished_batches or self._batcher.pending_episodes:
+            return  # max_batches reached: the markers stay held, so the next process flushes the rest
+        ended = BatchesEnded(run, self._batcher.next_seq)
+        self._outbox.send(Outgoing(self.topics.shards, END_OF_RUN_KEY, ended.value(), ended.headers(),
+                                   f"end of run {run} on rollout.shards"))
+        self._outbox.confirm()
+        for marker in self._tracker.finished(run):
+            self._batcher.release(marker.partition, marker.offset)
+        self.stats.runs_ended += 1
+        self._run_over = True
+
+    def _dead_letter(self, key: Any, value: Any, headers: Any, partition: int, offset: int, reason: str,
+                     kind: str) -> None:
+        letter = DeadLetter(key, value, [(k, bytes(v or b"")) for k, v in (headers or [])], reason, STAGE, kind,
+                            source_of(self.topics.episodes, partition, offset))
+        self._outbox.send(Outgoing(self.topics.dlq, letter.key, letter.value, letter.record_headers(),
+                                   f"dead letter ({kind})"),
+                          too_large=lambda record, exc: self._by_reference(letter, exc))
+        self.stats.dead_letters += 1
+        logger.warning("dead-lettered kind=%s partition=%d offset=%d reason=%s", kind, partition, offset, reason)
+
+    def _by_reference(self, letter: DeadLetter, exc: BaseException) -> Outgoing:
+        """The dead letter without its value: too large to copy, the original stays at ``dlq.source``."""
+        size = len(letter.value or b"")
+        reason = (f"too large to copy ({size} bytes: {describe(exc)}); the original is at {letter.source}; "
+                  f"{letter.kind}: {letter.reason}")
+        ref = DeadLetter(letter.key, None, letter.headers, reason, STAGE, "too_large", letter.source)
+        self.stats.dead_letters_by_reference += 1
+        logger.warning("dead letter of source=%s too large to copy (%d bytes): sent by reference", letter.source,
+                       size)
+        key = ref.key if ref.key is not None else b""  # Kafka needs a key or a value
+        return Outgoing(self.topics.dlq, key, None, ref.record_headers(), "dead letter by reference")
+
+    # ------------------------------------------------------------------ batches
+
+    def _write_all(self, batches: list[Batch]) -> None:
+        """Write in order; past ``max_batches`` the rest stay uncommitted for the next run."""
+        for batch in batches:
+            if self._reached_max():
+                return
+            self._write(batch)
+            self._checkpoint()
+
+    def _reached_max(self) -> bool:
+        return self.options.max_batches is not None and self.stats.batches_written >= self.options.max_batches
+
+    def _write(self, batch: Batch) -> None:
+        """Check, convert, split and write one batch, then announce it; failures go to the DLQ."""
+        try:
+            batch = self._drop_stale(batch)
+            samples, ranks = (None, None) if batch.empty else convert_batch(
+                batch, dp_size=self.options.dp_size, normalization=self.options.normalization)
+        except ContractError as exc:
+            self._dead_letter_batch(batch, exc)
+            return
+        if batch.empty:
+            why = "abandoned or stale" if batch.stale else "abandoned"
+            logger.info("batch=%d not written: every episode of it was %s (abandoned=%d, stale=%d, groups=%d)",
+                        batch.seq, why, len(batch.abandoned), len(batch.stale), len(batch.groups))
+            self._skipped(BatchSkipped(batch.seq, "empty", f"every episode of it was {why} ({len(batch.abandoned)} "
+                                                           f"abandoned, {len(batch.stale)} stale episodes)"))
+            self._batcher.done(batch)
+            self.stats.batches_skipped += 1
+            return
+        manifest = write_batch(self.options.out_dir, batch, samples, ranks, topic=self.topics.episodes,
+                               batching=self.options.batching, normalization=self.options.normalization,
+                               max_staleness=self._max_staleness)
+        directory = batch_path(self.options.out_dir, batch.seq)
+        self._announce(batch.seq, manifest, directory)
+        self._batcher.done(batch)
+        self.stats.batches_written += 1
+        self.stats.last_batch = batch.seq
+        self.stats.written_dirs.append(str(directory))
+
+    def _drop_stale(self, batch: Batch) -> Batch:
+        """The staleness net: stale episodes to the DLQ, the batch without them (listed in ``stale``)."""
+        batch = split_stale(batch, self._max_staleness)
+        for entry in batch.stale:
+            e = entry.episode
+            self._dead_letter(e.key.encode(), e.value, e.headers, e.partition, e.offset, entry.reason, "stale")
+        self.stats.stale += len(batch.stale)
+        return batch
+
+    def _dead_letter_batch(self, batch: Batch, exc: ContractError) -> None:
+        """Every episode of a rejected batch is findable in the DLQ with the batch's reason."""
+        kind = "mask-check" if isinstance(exc, MaskCheckError) else "convert"
+        position = 0
+        for episode in batch.episodes:
+            span = f"{position}..{position + len(episode.segments) - 1}"
+            reason = (f"batch {batch.seq} ({len(batch.episodes)} episodes) failed the whole-batch check: {exc}; "
+                      f"this episode ({episode.key}, attempt {episode.attempt}) held batch positions {span}")
+            self._dead_letter(episode.key.encode(), episode.value, episode.headers, episode.partition,
+                              episode.offset, reason, kind)
+            position += len(episode.segments)
+        self._skipped(BatchSkipped(batch.seq, "dead-lettered", f"{kind}: {exc}"[:MAX_REASON_CHARS]))
+        self._batcher.done(batch)
+        self.stats.batches_dead_lettered += 1
+
+    def _skipped(self, skipped: BatchSkipped) -> None:
+        """Tell rollout.shards' readers this seq will never come (confirmed, like an announcement)."""
+        self._outbox.send(Outgoing(self.topics.shards, skipped.key(), skipped.value(), skipped.headers(),
+                                   f"batch {skipped.seq} skipped"))
+        self._outbox.confirm()
+
+    def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
+        """Batch metrics, then the manifest, each confirmed: a manifest on rollout.shards implies both."""
+        key = str(seq).encode()
+        metrics_value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
+                                             manifest_path=manifest_place(Path(directory)))
+        self._outbox.send(Outgoing(self.topics.metrics, key, metrics_value, [], f"batch {seq} metrics"))
+        self._outbox.confirm()
+        self._outbox.send(Outgoing(self.topics.shards, key, announcement(manifest, Path(directory)), [],
+                                   f"batch {seq} manifest"))
+        self._outbox.confirm()
+
+    def _checkpoint(self) -> None:
+        """Commit what may be committed; every send is confirmed first, so no dead letter is lost."""
+        positions = self._batcher.commit_offsets()
+        changed = {p: o for p, o in positions.items() if self._committed.get(p) != o}
+        if not changed:
+            return
+        self._outbox.confirm()
+        offsets = {TopicPartition(self.topics.episodes, p): OffsetAndMetadata(o, "", -1) for p, o in changed.items()}
+        self._retry(lambda: self._consumer.commit(offsets), "commit offsets")
+        self._committed.update(changed)
+        logger.debug("committed %s", changed)

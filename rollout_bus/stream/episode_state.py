@@ -1,0 +1,171 @@
+"""The per-episode state machine of the stream stage: pure, no Kafka, no Faust.
+
+Contract:
+
+* An episode (one rollout key) has at most one small ``EpisodeIndex``: the attempt being
+  collected, the next turn expected, and whether the episode is finished. Turn payloads are not
+  in the index: each is stored once under ``turn_key(key, attempt, turn)`` and read back only
+  when the final turn arrives, so the state written per turn is constant-size.
+* ``decide(index, headers)`` says what to do with one turn record:
+
+  - ``STORE`` the turn (or ``EMIT`` the episode when the turn is final), with the index to write;
+  - ``DUPLICATE``: a redelivery of a turn already taken (same attempt, turn below the next
+    expected one, or at or below the last turn of a finished episode): ignore it;
+  - ``SUPERSEDED``: a turn of an attempt older than the one held: a retry replaced it (Kafka
+    keeps one key's records in order, so this is only ever a redelivery): ignore it;
+  - ``DLQ`` with a ``kind``: ``finished`` (a new turn or a new attempt for a finished episode),
+    ``gap`` (a turn skips one, or a new attempt does not start at turn 0).
+
+  A higher attempt starting at turn 0 discards the older attempt: ``Decision.discard`` lists the
+  turn keys to delete.
+* ``finished_index(index, partition, final_offset)`` is the marker kept after emission (or
+  abandonment), so late turns are told apart from redeliveries; it is pruned once the partition
+  has moved far past it (``rollout_bus.stream.finished_markers``). ``share_final_reward(segments, final)`` gives every sibling segment the
+  final turn's reward, which the trainer requires of one rollout.
+
+Decision where the contract is silent: turns of an older attempt are ignored and counted, for
+open and finished episodes alike, because they can only be redeliveries.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+from rollout_bus.errors import ContractError, must_be
+from rollout_bus.wire.records import TurnHeaders
+from rollout_bus.model.sample import Sample
+
+
+class Action(str, Enum):
+    STORE = "store"
+    EMIT = "emit"
+    DUPLICATE = "duplicate"
+    SUPERSEDED = "superseded"
+    DLQ = "dlq"
+
+
+@dataclass(frozen=True)
+class EpisodeIndex:
+    """What the stage remembers of an episode between turns (a few dozen bytes).
+
+    A finished marker also holds the source ``partition`` and ``final_offset`` of the final turn,
+    so it can be pruned once the partition's position is far enough past it
+    (``rollout_bus.stream.finished_markers``); -1 where unknown (an open episode, or an older marker).
+    """
+
+    attempt: int
+    next_turn: int
+    finished: bool = False
+    group_size: int = 1
+    partition: int = -1
+    final_offset: int = -1
+
+    def to_bytes(self) -> bytes:
+        values = [self.attempt, self.next_turn, int(self.finished), self.group_size]
+        if self.final_offset >= 0:
+            values += [self.partition, self.final_offset]
+        return json.dumps(values, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
+        """Strict inverse of ``to_bytes``; ContractError on anything else."""
+        shape = "[attempt, next_turn, finished, group_size] or [..., partition, final_offset]"
+        try:
+            values = json.loads(raw)
+        except (ValueError, TypeError) as exc:
+            raise ContractError(must_be("episode index", shape, raw)) from exc
+        if not isinstance(values, list) or len(values) not in (4, 6):
+            raise ContractError(must_be("episode index", shape, raw))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or values[2] > 1:
+            raise ContractError(must_be("episode index", "non-negative integers", raw))
+        attempt, next_turn, finished, group_size, *where = values
+        return cls(attempt, next_turn, bool(finished), group_size, *where)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one turn record."""
+
+    action: Action
+    index: EpisodeIndex | None = None  # the index to write (STORE / EMIT)
+    discard_attempt: int | None = None  # an older attempt whose stored turns must be deleted
+    discard_turns: int = 0  # how many turns that attempt had stored
+    kind: str = ""  # DLQ reason class
+    reason: str = ""  # human-readable, for the DLQ and the log
+
+
+def index_key(rollout_key: bytes) -> bytes:
+    """State-table key of an episode's index entry."""
+    return b"e|" + rollout_key
+
+
+def turn_key(rollout_key: bytes, attempt: int, turn: int) -> bytes:
+    """State-table key of one stored turn payload."""
+    return b"t|%d|%d|" % (attempt, turn) + rollout_key
+
+
+def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None) -> Decision:
+    index = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size)
+    action = Action.EMIT if headers.final else Action.STORE
+    if discard is None:
+        return Decision(action, index)
+    return Decision(action, index, discard_attempt=discard.attempt, discard_turns=discard.next_turn)
+
+
+def _decide_finished(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
+    last_turn = index.next_turn - 1
+    if headers.attempt < index.attempt:
+        return Decision(Action.SUPERSEDED, reason=f"attempt {headers.attempt} < finished attempt {index.attempt}")
+    if headers.attempt == index.attempt and headers.turn <= last_turn:
+        return Decision(Action.DUPLICATE, reason=f"turn {headers.turn} of a finished episode, already emitted")
+    return Decision(Action.DLQ, kind="finished",
+                    reason=f"turn {headers.turn} of attempt {headers.attempt} arrived for an episode already "
+                           f"finished at attempt {index.attempt}, turn {last_turn}")
+
+
+def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
+    """The fate of one turn, given the episode's index (None: nothing seen yet)."""
+    if index is None:
+        if headers.turn == 0:
+            return _accept(headers)
+        return Decision(Action.DLQ, kind="gap", reason=f"turn {headers.turn} of attempt {headers.attempt} "
+                                                        f"arrived but turn 0 was never seen")
+    if index.finished:
+        return _decide_finished(index, headers)
+    if headers.attempt < index.attempt:
+        return Decision(Action.SUPERSEDED, reason=f"attempt {headers.attempt} < current attempt {index.attempt}")
+    if headers.attempt > index.attempt:
+        if headers.turn == 0:
+            return _accept(headers, discard=index)
+        return Decision(Action.DLQ, kind="gap", reason=f"attempt {headers.attempt} starts at turn {headers.turn}, "
+                                                        f"not 0 (attempt {index.attempt} was open)")
+    if headers.turn < index.next_turn:
+        return Decision(Action.DUPLICATE, reason=f"turn {headers.turn} already stored")
+    if headers.turn > index.next_turn:
+        return Decision(Action.DLQ, kind="gap", reason=f"turn {headers.turn} of attempt {headers.attempt} skips "
+                                                        f"turn {index.next_turn}")
+    return _accept(headers)
+
+
+def finished_index(index: EpisodeIndex, partition: int = -1, final_offset: int = -1) -> EpisodeIndex:
+    """The marker left once the episode is emitted: same attempt and last turn, finished, and
+    where its final turn was (for pruning)."""
+    return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size, partition, final_offset)
+
+
+def share_final_reward(segments: list[Sample], final: Sample) -> list[Sample]:
+    """Every sibling segment gets the final turn's reward; ``metadata["raw_reward"]``, where the
+    final turn or a segment has one, becomes the final turn's raw reward (else its reward).
+
+    The trainer normalises rewards per rollout and refuses siblings that disagree.
+    """
+    final_has_raw = isinstance(final.metadata, dict) and "raw_reward" in final.metadata
+    raw = final.metadata["raw_reward"] if final_has_raw else final.reward
+    for segment in segments:
+        segment.reward = copy.deepcopy(final.reward)
+        if final_has_raw or (isinstance(segment.metadata, dict) and "raw_reward" in segment.metadata):
+            segment.metadata = {**segment.metadata, "raw_reward": copy.deepcopy(raw)}
+    return segments
