@@ -25,10 +25,10 @@ from rollout_bus.publish.publisher import producer_defaults
 from rollout_bus.wire.codec import encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind, parse_announcement
+from rollout_bus.wire.records import TURN_FIELDS, parse_announcement
+from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.tools.demo import DemoOptions, DemoRun
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
 GROUP = 4  # GenerateSettings' n_samples_per_prompt
@@ -63,7 +63,7 @@ class Workload:
                     sample.group_index += c * groups
                     sample.rollout_id += c * ids
                     sample.index = sample.rollout_id
-                key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+                key = rollout_key_of(sample).encode()
                 records.append((key, encode_samples([sample], TURN_FIELDS), args))
                 tokens += sample.response_length
         return records, tokens

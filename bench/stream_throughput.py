@@ -29,9 +29,10 @@ from rollout_bus.sim.generator import iter_turns  # noqa: E402
 from rollout_bus.wire.codec import encode_samples  # noqa: E402
 from rollout_bus.config import GenerateSettings  # noqa: E402
 from rollout_bus.kafka.admin import ensure_topics  # noqa: E402
-from rollout_bus.model.metrics import get_rollout_key  # noqa: E402
-from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders  # noqa: E402
-from rollout_bus.wire.topics import Topics, rollout_key_string  # noqa: E402
+from rollout_bus.wire.records import TURN_FIELDS  # noqa: E402
+from rollout_bus.wire.headers import TurnHeaders  # noqa: E402
+from rollout_bus.wire.topics import Topics  # noqa: E402
+from rollout_bus.wire.rollout_key import rollout_key_of  # noqa: E402
 
 
 def encoded_copies(copies: int) -> tuple[list[tuple[bytes, bytes, list]], int]:
@@ -44,7 +45,7 @@ def encoded_copies(copies: int) -> tuple[list[tuple[bytes, bytes, list]], int]:
             sample = copy.copy(sample)
             sample.rollout_id += c * shift
             sample.index = sample.rollout_id
-            key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+            key = rollout_key_of(sample).encode()
             headers = TurnHeaders(args["turn"], args["attempt"], args["final"], args["group_size"],
                                   time.time_ns() // 1_000_000).to_kafka()
             records.append((key, encode_samples([sample], TURN_FIELDS), headers))

@@ -40,7 +40,7 @@ from kafka.errors import KafkaError
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.kafka.clients import group_less_consumer
 from rollout_bus.kafka.reader import TopicReader, partition_offsets
-from rollout_bus.wire.records import control_kind
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.shards import read_manifest, verify_batch
 
 COMPOSE_DIR = Path(__file__).resolve().parent

@@ -47,8 +47,8 @@ from typing import Any
 from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError, must_be
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.feed.weights import WeightPublisher
-from rollout_bus.wire.records import (CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, BatchesEnded, BatchSkipped,
-                                 ShardAnnouncement, WeightVersion, control_kind, parse_announcement)
+from rollout_bus.wire.records import BatchesEnded, BatchSkipped, ShardAnnouncement, WeightVersion, parse_announcement
+from rollout_bus.wire.headers import CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, control_kind
 from rollout_bus.model.shards import ShardSample, ShardView, load_shard, verify_shard
 from rollout_bus.wire.topics import Topics
 

@@ -38,7 +38,7 @@ from rollout_bus.errors import BrokerError, ConfigError, must_be
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaError, TopicPartition, group_less_consumer,
                                        wait_for_partitions)
 from rollout_bus.wire.positions import PartitionRange, Position, RangeStart
-from rollout_bus.wire.records import control_kind
+from rollout_bus.wire.headers import control_kind
 
 logger = logging.getLogger(__name__)
 

@@ -45,22 +45,12 @@ from typing import Any
 
 
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.model.sample import AdapterRef, Sample, reward_number
+from rollout_bus.model.sample import Sample, get_rollout_key, reward_number
 
-RolloutKey = tuple[AdapterRef | None, str, int | None, Any]
 Scope = str | None
 SOURCES = ("metadata", "reward")
 _JSON_VERSION = 1
 _FRACTION = re.compile(r"-?[0-9]+/[0-9]+")
-
-
-def get_rollout_key(sample: Sample, position: int) -> RolloutKey:
-    """The episode a sample belongs to; ids are per adapter and per prompt group."""
-    if sample.rollout_id is not None:
-        return (sample.adapter, "rollout", sample.group_index, sample.rollout_id)
-    if sample.index is not None:
-        return (sample.adapter, "sample", sample.group_index, sample.index)
-    return (sample.adapter, "position", sample.group_index, position)
 
 
 def adapter_scope(sample: Sample) -> Scope:

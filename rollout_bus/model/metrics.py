@@ -59,21 +59,10 @@ from typing import Any
 
 import numpy as np
 
-from rollout_bus.model.episode_stats import (
-    EpisodeStats,
-    LengthHistogram,
-    RewardMean,
-    RolloutKey,
-    Scope,
-    add_rollout_reward,
-    adapter_scope,
-    episode_lengths,
-    get_rollout_key,
-    length_metrics,
-    reward_metrics,
-    reward_source,
-    rollout_reward,
-)
+from rollout_bus.model.episode_stats import (EpisodeStats, LengthHistogram, RewardMean, Scope, add_rollout_reward,
+                                             adapter_scope, episode_lengths, length_metrics, reward_metrics,
+                                             reward_source, rollout_reward)
+from rollout_bus.model.sample import RolloutKey, get_rollout_key
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.model.sample import Sample, Status
 
@@ -84,7 +73,6 @@ __all__ = [
     "compute_staleness_metrics",
     "compute_statistics",
     "compute_training_sample_metrics",
-    "get_rollout_key",
     "sample_oldest_version",
 ]
 

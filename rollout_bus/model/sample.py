@@ -230,3 +230,15 @@ class Sample:
         self.rollout_sampling_mask = None
         self.remove_sample = False
         self.status = Status.ABORTED
+
+
+RolloutKey = tuple[AdapterRef | None, str, int | None, Any]
+
+
+def get_rollout_key(sample: Sample, position: int) -> RolloutKey:
+    """The episode a sample belongs to; ids are per adapter and per prompt group."""
+    if sample.rollout_id is not None:
+        return (sample.adapter, "rollout", sample.group_index, sample.rollout_id)
+    if sample.index is not None:
+        return (sample.adapter, "sample", sample.group_index, sample.index)
+    return (sample.adapter, "position", sample.group_index, position)

@@ -27,8 +27,8 @@ Contract:
   to that rank, ``partition`` (its batch positions, ascending), other keys copied whole. Ranks get
   ``n // dp`` or ``n // dp + 1`` samples and are balanced by ``len(tokens)``: a deterministic
   longest-first greedy, then swaps between the heaviest and lightest rank while they help.
-* Shard files (``write_batch_shards``, ``load_shard``, ``read_manifest``, ``verify_batch``) live in
-  ``rollout_bus.model.shards`` and are re-exported here.
+* Shard files (``write_batch_shards``, ``load_shard``, ``read_manifest``, ``verify_batch``) are
+  ``rollout_bus.model.shards``.
 """
 
 from __future__ import annotations
@@ -41,38 +41,18 @@ from typing import Any
 import numpy as np
 
 from rollout_bus.errors import ConfigError, ContractError, MaskCheckError, must_be
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.model.sample import Sample, Status, reward_number
-from rollout_bus.model.shards import (
-    MANIFEST_NAME,
-    ShardSample,
-    ShardView,
-    batch_path,
-    load_shard,
-    read_manifest,
-    verify_batch,
-    write_batch_shards,
-)
+from rollout_bus.model.sample import Sample, Status, get_rollout_key, reward_number
 
 __all__ = [
-    "MANIFEST_NAME",
     "NON_METRIC_KEYS",
     "NORMALIZATIONS",
     "PER_SAMPLE_KEYS",
-    "ShardSample",
-    "ShardView",
-    "batch_path",
     "convert_samples_to_train_data",
-    "load_shard",
-    "read_manifest",
     "split_train_data_by_dp",
-    "verify_batch",
-    "write_batch_shards",
 ]
 
 NORMALIZATIONS = ("none", "grpo", "grpo_std")
 _STD_EPS = 1e-6
-_INT32 = np.iinfo(np.int32)
 
 # Keys holding one entry per sample; the DP split restricts these and copies every other key.
 PER_SAMPLE_KEYS = (

@@ -37,7 +37,8 @@ from typing import Any
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, prefixed, rollout_key_adapter
+from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, prefixed
+from rollout_bus.wire.rollout_key import rollout_key_adapter
 
 logger = logging.getLogger(__name__)
 

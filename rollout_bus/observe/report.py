@@ -38,7 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.observe.metrics_view import staleness_rows
-from rollout_bus.wire.records import rollout_key_adapter
+from rollout_bus.wire.rollout_key import rollout_key_adapter
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)

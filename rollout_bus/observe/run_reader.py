@@ -14,7 +14,7 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.reader import TopicReader, topic_names
 from rollout_bus.observe.report import RawRun
-from rollout_bus.wire.records import control_kind
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)

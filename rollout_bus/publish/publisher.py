@@ -2,7 +2,7 @@
 
 Contract (PIPELINE.md, rollout.turns):
 
-* Key: ``rollout_key_string(get_rollout_key(sample, 0))``, so all turns of an episode land on one
+* Key: ``rollout_key_of(sample)``, so all turns of an episode land on one
   partition in order. Value: ``encode_samples([sample], TURN_FIELDS)``. Headers:
   ``TurnHeaders(...).to_kafka()`` with ``sent_at`` the wall clock in milliseconds.
 * Refused before anything is sent (``ContractError`` naming the reason, the rollout key and the
@@ -42,10 +42,12 @@ from rollout_bus.wire.codec import encode_samples
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.clients import KafkaError, has_lz4, new_producer, wait_for_partitions
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders
+from rollout_bus.model.sample import get_rollout_key
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import Sample
-from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, rollout_key_string
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
+from rollout_bus.wire.rollout_key import rollout_key_string
 
 logger = logging.getLogger(__name__)
 

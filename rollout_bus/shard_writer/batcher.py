@@ -28,7 +28,7 @@ Contract:
   ``groups`` summarise every group, all-abandoned ones included. A batch with no episode
   (``Batch.empty``: every group of the range abandoned) is not written: the caller logs it and
   calls ``done``; its seq is simply absent from the output (step seqs stay ``group_index // G``).
-* ``Batch.stale`` is empty as formed; the writer's staleness net (``rollout_bus.shard_writer.staleness.split_stale``)
+* ``Batch.stale`` is empty as formed; the writer's staleness net (``rollout_bus.shard_writer.batcher.split_stale``)
   moves episodes there from ``episodes``. They stay members (``members()``): their offsets are
   released by ``done`` and their keys count as the batch's.
 * Inside a batch, members are ordered by (adapter slot, -1 for none first; adapter name;
@@ -52,6 +52,7 @@ Contract:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,9 +62,10 @@ from typing import Any
 from rollout_bus.shard_writer.episodes import (AbandonedEpisode, Episode, GroupKey, Member, parse_abandoned, parse_episode,
                                 parse_record)
 from rollout_bus.shard_writer.offset_tracker import OffsetTracker
-from rollout_bus.shard_writer.staleness import StaleEpisode
+from rollout_bus.shard_writer.staleness import StaleEpisode, episode_oldest_version, is_stale
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.sample import AdapterRef, Sample
+from rollout_bus.wire.dead_letter import DlqKind
 
 __all__ = ["BATCHING_MODES", "AbandonedEpisode", "AddResult", "Batch", "Batcher", "Episode", "GroupKey",
            "GroupSummary", "Outcome", "WrittenLookup", "parse_abandoned", "parse_episode", "parse_record"]
@@ -88,7 +90,7 @@ class Outcome(str, Enum):
 class AddResult:
     outcome: Outcome
     reason: str = ""
-    kind: str = ""
+    kind: DlqKind | str = ""
 
 
 @dataclass(frozen=True)
@@ -203,10 +205,6 @@ class Batcher:
         return len(self._pending)
 
     @property
-    def open_groups(self) -> int:
-        return len(self._groups)
-
-    @property
     def next_seq(self) -> int:
         """One past the highest seq formed or marked written (step seqs are range indices, so gaps count)."""
         return self._next_seq
@@ -284,21 +282,21 @@ class Batcher:
             if m.attempt < written:
                 return AddResult(Outcome.SUPERSEDED)
             return AddResult(Outcome.REJECTED, f"late: attempt {m.attempt} of rollout {m.key} arrived after "
-                                               f"attempt {written} was batched", "late")
+                                               f"attempt {written} was batched", DlqKind.LATE)
         closed = self._closed_seq(m.group)
         if closed is not None:
             return AddResult(Outcome.REJECTED, f"late: rollout {m.key} of group {_describe(m.group)} arrived "
-                                               f"after its batch {closed} was formed", "late")
+                                               f"after its batch {closed} was formed", DlqKind.LATE)
         current = self._pending.get(m.key)
         if current is not None:
             return self._replace(current, m)
         group = self._groups.get(m.group)
         if group is not None and group.group_size != m.group_size:
             return AddResult(Outcome.REJECTED, must_be("group_size", f"{group.group_size} as for the rest of group "
-                                                       f"{_describe(m.group)}", m.group_size), "group")
+                                                       f"{_describe(m.group)}", m.group_size), DlqKind.GROUP)
         if group is not None and group.complete:
             return AddResult(Outcome.REJECTED, f"group {_describe(m.group)} already holds its {group.group_size} "
-                                               f"members; rollout {m.key} is one too many", "group")
+                                               f"members; rollout {m.key} is one too many", DlqKind.GROUP)
         if group is None:
             group = self._groups[m.group] = _Group(m.group_size)
             if self.batching == "step":
@@ -321,7 +319,7 @@ class Batcher:
         if m.group != current.group or m.group_size != current.group_size:
             return AddResult(Outcome.REJECTED, must_be("group", f"{_describe(current.group)} of size "
                                                        f"{current.group_size} as attempt {current.attempt} of "
-                                                       f"rollout {m.key}", _describe(m.group)), "group")
+                                                       f"rollout {m.key}", _describe(m.group)), DlqKind.GROUP)
         self._groups[m.group].members[m.key] = m
         self._pending[m.key] = m
         self.offsets.release(current.partition, current.offset)
@@ -413,3 +411,20 @@ class Batcher:
 def _describe(group: GroupKey) -> str:
     adapter, group_index = group
     return f"(adapter={None if adapter is None else adapter.name}, group_index={group_index})"
+
+
+def split_stale(batch: Batch, max_staleness: int | None) -> Batch:
+    """The batch without its stale episodes, which it lists under ``stale`` (see the module docstring)."""
+    if max_staleness is None:
+        return batch
+    kept: list[Episode] = []
+    stale: list[StaleEpisode] = []
+    for episode in batch.episodes:
+        oldest = episode_oldest_version(episode)
+        if is_stale(oldest, batch.seq, max_staleness):
+            stale.append(StaleEpisode(episode, oldest, batch.seq, max_staleness))
+        else:
+            kept.append(episode)
+    if not stale:
+        return batch
+    return dataclasses.replace(batch, episodes=tuple(kept), stale=(*batch.stale, *stale))

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import (CONTROL_ABANDONED, CONTROL_END_OF_RUN, Abandoned, EndOfRun, EpisodeInfo,
-                                 control_kind, decode_episode, parse_rollout_key)
+from rollout_bus.model.sample import get_rollout_key
+from rollout_bus.wire.records import Abandoned, EndOfRun, EpisodeInfo, decode_episode
+from rollout_bus.wire.headers import CONTROL_ABANDONED, CONTROL_END_OF_RUN, control_kind
+from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample
 
 GroupKey = tuple[AdapterRef | None, int]

@@ -47,8 +47,8 @@ from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import AdapterRef
 from rollout_bus.model.metrics import compute_metrics_from_samples, compute_staleness_metrics
 from rollout_bus.wire.records import ShardAnnouncement, announcement_value, parse_announcement
-from rollout_bus.model.train_data import (MANIFEST_NAME, batch_path, convert_samples_to_train_data, read_manifest,
-                                    split_train_data_by_dp, verify_batch, write_batch_shards)
+from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
+from rollout_bus.model.shards import MANIFEST_NAME, batch_path, read_manifest, verify_batch, write_batch_shards
 
 logger = logging.getLogger(__name__)
 

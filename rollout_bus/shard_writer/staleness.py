@@ -13,7 +13,7 @@ Contract:
   ``oldest_weight_version``); None when no segment has a numeric version.
 * ``is_stale(oldest, seq, max_staleness)``: ``oldest < seq - max_staleness``. An episode with no
   numeric version is never stale: there is nothing to judge it by.
-* ``split_stale(batch, max_staleness)`` returns the batch with its stale episodes moved from
+* ``batcher.split_stale(batch, max_staleness)`` (there, beside ``Batch``) returns the batch with its stale episodes moved from
   ``episodes`` to ``stale`` (``StaleEpisode``, batch order kept); ``max_staleness=None`` returns the
   batch unchanged. Pure: a function of the batch (itself a function of the log in step mode) and
   the bound, so a restart or a replay with the same bound drops the same episodes. ``groups``
@@ -30,15 +30,11 @@ Contract:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollout_bus.shard_writer.episodes import Episode
 from rollout_bus.model.metrics import sample_oldest_version
-
-if TYPE_CHECKING:
-    from rollout_bus.shard_writer.batcher import Batch
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,20 +72,3 @@ def episode_oldest_version(episode: Episode) -> int | None:
 def is_stale(oldest: int | None, seq: int, max_staleness: int) -> bool:
     """Whether an episode whose oldest version is ``oldest`` is too stale for batch ``seq``."""
     return oldest is not None and oldest < seq - max_staleness
-
-
-def split_stale(batch: Batch, max_staleness: int | None) -> Batch:
-    """The batch without its stale episodes, which it lists under ``stale`` (see the module docstring)."""
-    if max_staleness is None:
-        return batch
-    kept: list[Episode] = []
-    stale: list[StaleEpisode] = []
-    for episode in batch.episodes:
-        oldest = episode_oldest_version(episode)
-        if is_stale(oldest, batch.seq, max_staleness):
-            stale.append(StaleEpisode(episode, oldest, batch.seq, max_staleness))
-        else:
-            kept.append(episode)
-    if not stale:
-        return batch
-    return dataclasses.replace(batch, episodes=tuple(kept), stale=(*batch.stale, *stale))

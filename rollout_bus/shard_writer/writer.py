@@ -85,22 +85,23 @@ from rollout_bus.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from rollout_bus.shard_writer.out_dir import (announced_ids, announcement, convert_batch, manifest_place, scan_out_dir,
                                write_batch, written_keys)
-from rollout_bus.shard_writer.staleness import split_stale
+from rollout_bus.shard_writer.batcher import split_stale
 from rollout_bus.shard_writer.writer_lock import hold_writer_lock
-from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, source_of
+from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
                                        new_producer, wait_for_partitions)
 from rollout_bus.kafka.limits import producer_config
 from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
-from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record, control_kind
+from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
-from rollout_bus.model.train_data import batch_path
+from rollout_bus.model.shards import batch_path
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-STAGE = "shards"
+STAGE = DlqStage.SHARDS
 DEFAULT_IDLE_S = 10.0
 POLL_TIMEOUT_MS = 200
 OFFSETS_TIMEOUT_MS = 10_000
@@ -336,7 +337,7 @@ class ShardWriter:
             control = control_kind(record.headers)
             what = "episode" if control is None else f"control ({control})"
             self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
-                              f"{what} record does not decode: {exc}", "decode" if control is None else "control")
+                              f"{what} record does not decode: {exc}", DlqKind.DECODE if control is None else DlqKind.CONTROL)
             return
         if isinstance(item, EndOfRunMarker):
             self._marker(item)
@@ -399,7 +400,7 @@ class ShardWriter:
         size = len(letter.value or b"")
         reason = (f"too large to copy ({size} bytes: {describe(exc)}); the original is at {letter.source}; "
                   f"{letter.kind}: {letter.reason}")
-        ref = DeadLetter(letter.key, None, letter.headers, reason, STAGE, "too_large", letter.source)
+        ref = DeadLetter(letter.key, None, letter.headers, reason, STAGE, DlqKind.TOO_LARGE, letter.source)
         self.stats.dead_letters_by_reference += 1
         logger.warning("dead letter of source=%s too large to copy (%d bytes): sent by reference", letter.source,
                        size)
@@ -452,13 +453,13 @@ class ShardWriter:
         batch = split_stale(batch, self._max_staleness)
         for entry in batch.stale:
             e = entry.episode
-            self._dead_letter(e.key.encode(), e.value, e.headers, e.partition, e.offset, entry.reason, "stale")
+            self._dead_letter(e.key.encode(), e.value, e.headers, e.partition, e.offset, entry.reason, DlqKind.STALE)
         self.stats.stale += len(batch.stale)
         return batch
 
     def _dead_letter_batch(self, batch: Batch, exc: ContractError) -> None:
         """Every episode of a rejected batch is findable in the DLQ with the batch's reason."""
-        kind = "mask-check" if isinstance(exc, MaskCheckError) else "convert"
+        kind = DlqKind.MASK_CHECK if isinstance(exc, MaskCheckError) else DlqKind.CONVERT
         position = 0
         for episode in batch.episodes:
             span = f"{position}..{position + len(episode.segments) - 1}"

@@ -17,7 +17,6 @@ import numpy as np
 
 BOS = 1
 SUMMARY = 2
-TOOL_CALL = 3
 TOOL_RESULT = 4
 USER = 5
 SPECIAL_TOKENS = 16  # ids below this are markers, never content

@@ -21,10 +21,9 @@ import time
 
 from rollout_bus.sim.episode import EpisodeId
 from rollout_bus.config import GenerateSettings
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import TurnHeaders
+from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import AdapterRef, Sample
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of, rollout_key_string
 
 MALFORMED_VALUE = b"\x07\x00\x00\x00\x00\x00\x00\x00{broken this is not a samples payload"
 MALFORMED_GROUP = 1_000_000
@@ -55,7 +54,7 @@ class FaultPlan:
             late = copy.copy(sample)
             publisher.publish_turn(late, turn=args["turn"] + 1, attempt=args["attempt"], final=False,
                                    group_size=args["group_size"])
-            faults.append({"kind": "finished", "key": rollout_key_string(get_rollout_key(sample, 0)),
+            faults.append({"kind": "finished", "key": rollout_key_of(sample),
                            "attempt": args["attempt"], "turn": args["turn"] + 1})
         key = rollout_key_string((None, "rollout", MALFORMED_GROUP, 0))
         headers = TurnHeaders(turn=0, attempt=0, final=True, group_size=1, sent_at_ms=time.time_ns() // 1_000_000)

@@ -46,9 +46,8 @@ from rollout_bus.sim.sampling import SamplingParams, sample_tokens
 from rollout_bus.publish.staleness_gate import StalenessGate
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
-from rollout_bus.model.metrics import get_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample, Status
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +253,7 @@ def publish_generated(settings: GenerateSettings, publisher, progress: ProgressF
         summary.interrupted_turns += sample.status is Status.ABORTED
         summary.saw(gate)
         if args["final"]:
-            summary.episodes.append((rollout_key_string(get_rollout_key(sample, 0)), args["attempt"]))
+            summary.episodes.append((rollout_key_of(sample), args["attempt"]))
             last_final = last_final or (sample, args)
         summary.bytes_sent = publisher.bytes_sent - start_bytes
         if progress is not None:

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.wire.records import TurnHeaders
+from rollout_bus.wire.dead_letter import DlqKind
+from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import Sample
 
 
@@ -93,7 +94,7 @@ class Decision:
     index: EpisodeIndex | None = None  # the index to write (STORE / EMIT)
     discard_attempt: int | None = None  # an older attempt whose stored turns must be deleted
     discard_turns: int = 0  # how many turns that attempt had stored
-    kind: str = ""  # DLQ reason class
+    kind: DlqKind | str = ""
     reason: str = ""  # human-readable, for the DLQ and the log
 
 
@@ -121,7 +122,7 @@ def _decide_finished(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
         return Decision(Action.SUPERSEDED, reason=f"attempt {headers.attempt} < finished attempt {index.attempt}")
     if headers.attempt == index.attempt and headers.turn <= last_turn:
         return Decision(Action.DUPLICATE, reason=f"turn {headers.turn} of a finished episode, already emitted")
-    return Decision(Action.DLQ, kind="finished",
+    return Decision(Action.DLQ, kind=DlqKind.FINISHED,
                     reason=f"turn {headers.turn} of attempt {headers.attempt} arrived for an episode already "
                            f"finished at attempt {index.attempt}, turn {last_turn}")
 
@@ -131,7 +132,7 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if index is None:
         if headers.turn == 0:
             return _accept(headers)
-        return Decision(Action.DLQ, kind="gap", reason=f"turn {headers.turn} of attempt {headers.attempt} "
+        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
                                                         f"arrived but turn 0 was never seen")
     if index.finished:
         return _decide_finished(index, headers)
@@ -140,12 +141,12 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if headers.attempt > index.attempt:
         if headers.turn == 0:
             return _accept(headers, discard=index)
-        return Decision(Action.DLQ, kind="gap", reason=f"attempt {headers.attempt} starts at turn {headers.turn}, "
+        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"attempt {headers.attempt} starts at turn {headers.turn}, "
                                                         f"not 0 (attempt {index.attempt} was open)")
     if headers.turn < index.next_turn:
         return Decision(Action.DUPLICATE, reason=f"turn {headers.turn} already stored")
     if headers.turn > index.next_turn:
-        return Decision(Action.DLQ, kind="gap", reason=f"turn {headers.turn} of attempt {headers.attempt} skips "
+        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} skips "
                                                         f"turn {index.next_turn}")
     return _accept(headers)
 

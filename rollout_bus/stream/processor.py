@@ -74,13 +74,15 @@ from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Any, Protocol
 
 from rollout_bus.wire.codec import decode_samples
-from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter
+from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage
 from rollout_bus.errors import ContractError, RecordTooLargeError
-from rollout_bus.wire.records import (CONTROL_END_OF_RUN, END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo,
-                                 TurnHeaders, control_kind, encode_episode, parse_rollout_key)
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
+from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.wire.partitioning import partition_for
 from rollout_bus.model.sample import Sample
-from rollout_bus.wire.topics import HEADER_REROUTED_FROM, Topics
+from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.headers import HEADER_REROUTED_FROM
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
                                    share_final_reward, turn_key)
@@ -92,7 +94,7 @@ from rollout_bus.stream.window_metrics import WindowMetrics
 
 logger = logging.getLogger(__name__)
 
-STAGE = "stream"
+STAGE = DlqStage.STREAM
 _PREFIX = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
 
 
@@ -346,7 +348,7 @@ class TurnProcessor:
         self.outcomes["turns_received"] += 1
         home = partition_for(record.key, self.turns_partitions)
         if any(name == HEADER_REROUTED_FROM for name, _ in record.headers):
-            await self._dead_letter(record, "partition", (
+            await self._dead_letter(record, DlqKind.PARTITION, (
                 f"re-routed once already and still not on partition {home} of {self.turns_partitions}, the one "
                 f"murmur2 of its key gives (did the topic's partition count change?)"))
             return
@@ -354,7 +356,7 @@ class TurnProcessor:
         try:
             await self.send(record.topic, record.key, record.value, headers, wait=True, partition=home)
         except RecordTooLargeError as exc:
-            await self._dead_letter(record, "partition", f"on partition {record.partition}, not {home} as murmur2 "
+            await self._dead_letter(record, DlqKind.PARTITION, f"on partition {record.partition}, not {home} as murmur2 "
                                                          f"of its key gives, and too large to re-route: {exc}")
             return
         self.outcomes["turns_rerouted"] += 1
@@ -385,13 +387,13 @@ class TurnProcessor:
         episode of its partition is acknowledged (so a reader that sees it has seen them all)."""
         self.outcomes["control_records"] += 1
         if control != CONTROL_END_OF_RUN:
-            await self._dead_letter(record, "control", f"control record {control!r} is not one rollout.turns "
+            await self._dead_letter(record, DlqKind.CONTROL, f"control record {control!r} is not one rollout.turns "
                                                        f"carries (expected {CONTROL_END_OF_RUN!r})")
             return
         try:
             marker = EndOfRun.from_value(record.value)
         except ContractError as exc:
-            await self._dead_letter(record, "control", str(exc))
+            await self._dead_letter(record, DlqKind.CONTROL, str(exc))
             return
         await self.drain()
         self.table.bind(record.partition)
@@ -453,7 +455,7 @@ class TurnProcessor:
         try:
             stored = self._stored_turns(record.key, headers.attempt, headers.turn)
         except ContractError as exc:
-            raise Rejected("state", str(exc)) from exc
+            raise Rejected(DlqKind.STATE, str(exc)) from exc
         try:
             turns = [self._stored_sample(record.key, headers.attempt, turn, payload)
                      for turn, (_, _, payload) in enumerate(stored)] + [final]
@@ -469,8 +471,8 @@ class TurnProcessor:
             reason = (f"episode record of {len(value)} bytes is over the size limit ({exc}); dead-lettered by "
                       f"reference: its turns are at {record.topic}:{record.partition} offsets "
                       f"{[offset for offset, _, _ in stored] + [record.offset]}")
-            await self._dead_letter(record, "too_large", reason, by_reference=True)
-            await self._send_abandoned(record, headers, "too_large", reason)
+            await self._dead_letter(record, DlqKind.TOO_LARGE, reason, by_reference=True)
+            await self._send_abandoned(record, headers, DlqKind.TOO_LARGE, reason)
             self._finish(index, record.key, headers, record)
             self.outcomes["episodes_too_large"] += 1
 
@@ -519,7 +521,7 @@ class TurnProcessor:
                 stored = self.table.get(turn_key(record.key, index.attempt, turn))
                 if stored is not None:
                     await self._dead_letter(self._stored_record(record, index.attempt, turn, stored, headers),
-                                            "abandoned", why)
+                                            DlqKind.ABANDONED, why)
                     self._delete(turn_key(record.key, index.attempt, turn))
         await self._send_abandoned(record, headers, kind, reason)
         opened = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size)
@@ -559,9 +561,9 @@ class TurnProcessor:
         for turn, (offset, sent_at, payload) in enumerate(stored):
             original = TurnHeaders(turn, headers.attempt, False, headers.group_size, sent_at).to_kafka()
             await self._dead_letter(TurnRecord(record.key, payload, original, record.topic, record.partition,
-                                               offset, record.timestamp_ms), "merge", reason)
-        await self._dead_letter(record, "merge", reason)
-        await self._send_abandoned(record, headers, "merge", reason)
+                                               offset, record.timestamp_ms), DlqKind.MERGE, reason)
+        await self._dead_letter(record, DlqKind.MERGE, reason)
+        await self._send_abandoned(record, headers, DlqKind.MERGE, reason)
         self._finish(index, record.key, headers, record)
 
     async def _close_due(self, partition: int) -> None:
@@ -582,7 +584,7 @@ class TurnProcessor:
             if by_reference:
                 raise
             size = len(record.value or b"")
-            await self._dead_letter(record, "too_large", f"too large to copy ({size} bytes: {exc}); the original is "
+            await self._dead_letter(record, DlqKind.TOO_LARGE, f"too large to copy ({size} bytes: {exc}); the original is "
                                                          f"at {record.source}; {kind}: {reason}", by_reference=True)
             return
         self.outcomes[f"dlq.{kind}"] += 1

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_bus.wire.codec import decode_samples
-from rollout_bus.wire.dead_letter import source_of
-from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.wire.dead_letter import DlqKind, source_of
 from rollout_bus.errors import CodecError, ContractError
-from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders
+from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import Sample
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TurnRecord:
 class Rejected(Exception):
     """A record the stage refuses: its DLQ kind and reason."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: DlqKind, reason: str) -> None:
         super().__init__(reason)
         self.kind, self.reason = kind, reason
 
@@ -49,11 +49,11 @@ class Rejected(Exception):
 def parse_headers(record: TurnRecord) -> TurnHeaders:
     """The turn headers of a record; ``_Rejected`` says what is wrong."""
     if not record.key:
-        raise Rejected("key", "record has no key (expected the rollout key)")
+        raise Rejected(DlqKind.KEY, "record has no key (expected the rollout key)")
     try:
         return TurnHeaders.from_kafka(record.headers)
     except ContractError as exc:
-        raise Rejected("headers", str(exc)) from exc
+        raise Rejected(DlqKind.HEADERS, str(exc)) from exc
 
 
 def parse_sample(record: TurnRecord) -> Sample:
@@ -61,17 +61,17 @@ def parse_sample(record: TurnRecord) -> Sample:
     try:
         samples, _ = decode_samples(record.value if record.value is not None else b"", TURN_FIELDS)
     except CodecError as exc:
-        raise Rejected("decode", str(exc)) from exc
+        raise Rejected(DlqKind.DECODE, str(exc)) from exc
     if len(samples) != 1:
-        raise Rejected("validation", f"a turn record must hold exactly 1 sample (got {len(samples)})")
+        raise Rejected(DlqKind.VALIDATION, f"a turn record must hold exactly 1 sample (got {len(samples)})")
     sample = samples[0]
     try:
         sample.validate()
     except ValueError as exc:
-        raise Rejected("validation", str(exc)) from exc
-    expected = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        raise Rejected(DlqKind.VALIDATION, str(exc)) from exc
+    expected = rollout_key_of(sample).encode()
     if expected != record.key:
-        raise Rejected("key", f"record key {record.key[:200]!r} is not the sample's rollout key {expected!r}")
+        raise Rejected(DlqKind.KEY, f"record key {record.key[:200]!r} is not the sample's rollout key {expected!r}")
     return sample
 
 

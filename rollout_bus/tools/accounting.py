@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter, DlqKind
 from rollout_bus.model.shards import MANIFEST_NAME, verify_batch
 
 FAULT_EPISODE_KINDS = ("replay-gap",)  # faults whose own episode is meant to end in the DLQ
-BATCH_MATE_DLQ_KIND = "mask-check"     # what the replay-gap episode's batch-mates are dead-lettered as
+BATCH_MATE_DLQ_KIND = DlqKind.MASK_CHECK     # what the replay-gap episode's batch-mates are dead-lettered as
 
 
 @dataclass

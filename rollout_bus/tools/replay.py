@@ -7,7 +7,7 @@ Contract:
   start (``to``: exclusive, for every range), and rebuilds batches into ``out_dir`` with the shard
   writer's own code: ``rollout_bus.shard_writer.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
   (rollout_bus.shard_writer.out_dir) are the writer's own convert, DP split and write steps, and
-  ``rollout_bus.shard_writer.staleness.split_stale`` its staleness net, with the ``max_staleness`` its manifests
+  ``rollout_bus.shard_writer.batcher.split_stale`` its staleness net, with the ``max_staleness`` its manifests
   record (step batching).
   All ranges must be of one topic, ``rollout.episodes`` or ``rollout.turns`` (prefixed or not).
 * From rollout.turns, episodes are first re-merged offline by the stream stage's own per-record
@@ -51,16 +51,17 @@ from typing import Any
 from rollout_bus.shard_writer.batcher import BATCHING_MODES, Batch, Batcher, Outcome
 from rollout_bus.shard_writer.episodes import EndOfRunMarker, Episode, Member, parse_record
 from rollout_bus.shard_writer.out_dir import convert_batch, write_batch
-from rollout_bus.shard_writer.staleness import split_stale
+from rollout_bus.shard_writer.batcher import split_stale
 from rollout_bus.config import ShardSettings
-from rollout_bus.wire.dead_letter import source_of
+from rollout_bus.wire.dead_letter import DlqKind, DlqStage, source_of
 from rollout_bus.errors import ConfigError, ContractError, MissingTopicError, must_be
 from rollout_bus.kafka.clients import wait_for_partitions
 from rollout_bus.kafka.reader import open_reader, read_ranges, resolve_ranges
 from rollout_bus.wire.positions import RangeStart, topic_kind, topic_prefix
 from rollout_bus.wire.records import parse_announcement
 from rollout_bus.wire.topics import Topics
-from rollout_bus.model.train_data import NORMALIZATIONS, read_manifest
+from rollout_bus.model.train_data import NORMALIZATIONS
+from rollout_bus.model.shards import read_manifest
 from rollout_bus.stream.episode_state import EpisodeIndex
 from rollout_bus.stream.processor import TurnProcessor, TurnRecord
 from rollout_bus.stream.state import ChangelogState
@@ -220,7 +221,7 @@ def _members(topic: str, key: Any, value: Any, headers: Any, partition: int, off
     try:
         item = parse_record(key, value, headers, partition=partition, offset=offset)
     except ContractError as exc:
-        rejections.append(Rejection(source_of(topic, partition, offset), "shards", "decode",
+        rejections.append(Rejection(source_of(topic, partition, offset), DlqStage.SHARDS, DlqKind.DECODE,
                                     f"episode record does not decode: {exc}"))
         return
     if not isinstance(item, EndOfRunMarker):
@@ -269,7 +270,7 @@ class TurnMerger:
                 yield from _members(topic, key, value, headers, record.partition, record.offset, rejections)
             elif topic == self.topics.dlq:
                 found = {k: bytes(v).decode(errors="replace") for k, v in headers if k.startswith("dlq.")}
-                rejections.append(Rejection(found.get("dlq.source", ""), "stream", found.get("dlq.kind", ""),
+                rejections.append(Rejection(found.get("dlq.source", ""), DlqStage.STREAM, found.get("dlq.kind", ""),
                                             found.get("dlq.reason", "")))
 
     def open_episodes(self) -> int:
@@ -359,7 +360,7 @@ def rebuild(episodes: Iterable[Member], settings: ReplaySettings, out_dir: Path,
         result = batcher.add(episode)
         accepted += result.outcome is Outcome.ACCEPTED and isinstance(episode, Episode)
         if result.outcome is Outcome.REJECTED:
-            rejections.append(Rejection(source_of(topic, episode.partition, episode.offset), "shards", result.kind,
+            rejections.append(Rejection(source_of(topic, episode.partition, episode.offset), DlqStage.SHARDS, result.kind,
                                         result.reason))
         for batch in batcher.ready():
             rebuilder.batch(batch, leftover=False)

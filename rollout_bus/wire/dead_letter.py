@@ -2,14 +2,56 @@
 
 A dead letter keeps the original key and value byte for byte, keeps the original headers, and
 adds ``dlq.reason`` (human-readable), ``dlq.stage``, ``dlq.source`` (``topic:partition:offset``)
-and ``dlq.kind`` (a short, stable reason class for counting, e.g. ``decode``, ``merge``,
-``finished``, ``mask-check``). Original headers keep their names, so a replay can strip the
-``dlq.`` ones and republish the record unchanged.
+and ``dlq.kind`` (a short, stable reason class for counting). Original headers keep their names, so
+a replay can strip the ``dlq.`` ones and republish the record unchanged.
+
+``DlqStage`` and ``DlqKind`` are every value those two headers take, and ``KINDS_BY_STAGE`` which
+stage writes which kind: the one list, which WIRE.md section 9 and ``schemas/dlq_headers.json`` spell
+out for other languages (a test holds the three equal). A new kind starts here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class DlqStage(StrEnum):
+    """Which stage dead-lettered a record (``dlq.stage``)."""
+
+    STREAM = "stream"
+    SHARDS = "shards"
+
+
+class DlqKind(StrEnum):
+    """Why, as a short, stable class for counting (``dlq.kind``)."""
+
+    KEY = "key"                # no key, or not the sample's own rollout key
+    HEADERS = "headers"        # a turn header missing, not decimal, out of range, or an unknown schema
+    DECODE = "decode"          # the value does not decode
+    VALIDATION = "validation"  # not exactly one sample in a turn
+    FINISHED = "finished"      # a turn or attempt for an episode already emitted or abandoned
+    GAP = "gap"                # a turn that skips one
+    STATE = "state"            # a stored turn missing from the stream worker's state
+    MERGE = "merge"            # the episode's turns cannot be merged
+    ABANDONED = "abandoned"    # a stored turn of an episode whose final turn was dead-lettered
+    PARTITION = "partition"    # a re-routed turn still on the wrong partition, or too large to re-route
+    CONTROL = "control"        # a control record that does not parse, or an unknown one
+    TOO_LARGE = "too_large"    # over the record limit: dead-lettered by reference
+    LATE = "late"              # an episode for a batch already formed
+    GROUP = "group"            # a group_size that disagrees with its group, a full group, a retry elsewhere
+    STALE = "stale"            # older than the staleness bound allows for its batch
+    MASK_CHECK = "mask-check"  # the whole-batch sampling-mask check failed
+    CONVERT = "convert"        # any other refusal converting the batch
+
+
+KINDS_BY_STAGE: dict[DlqStage, tuple[DlqKind, ...]] = {
+    DlqStage.STREAM: (DlqKind.KEY, DlqKind.HEADERS, DlqKind.DECODE, DlqKind.VALIDATION, DlqKind.FINISHED,
+                      DlqKind.GAP, DlqKind.STATE, DlqKind.MERGE, DlqKind.ABANDONED, DlqKind.PARTITION,
+                      DlqKind.CONTROL, DlqKind.TOO_LARGE),
+    DlqStage.SHARDS: (DlqKind.DECODE, DlqKind.CONTROL, DlqKind.LATE, DlqKind.GROUP, DlqKind.STALE,
+                      DlqKind.MASK_CHECK, DlqKind.CONVERT, DlqKind.TOO_LARGE),
+}
 
 REASON = "dlq.reason"
 STAGE = "dlq.stage"

@@ -40,59 +40,16 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath
-from typing import Any, Iterable
+from typing import Any
 
 from rollout_bus.wire.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
 from rollout_bus.errors import CodecError, ContractError, must_be
-from rollout_bus.model.sample import AdapterRef, Sample
-from rollout_bus.wire.topics import (HEADER_ATTEMPT, HEADER_CONTROL, HEADER_FINAL, HEADER_GROUP_SIZE, HEADER_SCHEMA,
-                                HEADER_SENT_AT, HEADER_TURN, SCHEMA_VERSION)
+from rollout_bus.model.sample import Sample
+from rollout_bus.wire.headers import (CONTROL_ABANDONED, CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, HEADER_ATTEMPT,
+                                      HEADER_CONTROL, HEADER_GROUP_SIZE, HEADER_SCHEMA, HEADER_SENT_AT, SCHEMA_VERSION)
 
 TURN_FIELDS = COMPUTED_FIELDS + SAMPLING_MASK_FIELDS
 METRIC_PREFIX = "rollout/"
-
-
-@dataclass(frozen=True)
-class TurnHeaders:
-    """The headers of a rollout.turns record (PIPELINE.md)."""
-
-    turn: int
-    attempt: int
-    final: bool
-    group_size: int
-    sent_at_ms: int
-    schema: str = SCHEMA_VERSION
-
-    def to_kafka(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
-                (HEADER_FINAL, b"1" if self.final else b"0"), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
-                (HEADER_SCHEMA, self.schema.encode()), (HEADER_SENT_AT, str(self.sent_at_ms).encode())]
-
-    @classmethod
-    def from_kafka(cls, headers: Iterable[tuple[str, bytes]] | None) -> "TurnHeaders":
-        """Parse and check the headers; ContractError names the header that is missing or wrong."""
-        found = {k: v for k, v in (headers or [])}
-
-        def integer(name: str, minimum: int) -> int:
-            raw = found.get(name)
-            if raw is None:
-                raise ContractError(f"header {name!r} is missing")
-            text = bytes(raw)
-            if not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):  # ASCII digits only (WIRE.md)
-                raise ContractError(f"header {name!r} must be a decimal integer in ASCII digits (got {text!r})")
-            value = int(text)
-            if value < minimum:
-                raise ContractError(f"header {name!r} must be >= {minimum} (got {value})")
-            return value
-
-        schema = bytes(found.get(HEADER_SCHEMA, b"")).decode("ascii", "replace")
-        if schema != SCHEMA_VERSION:
-            raise ContractError(f"header {HEADER_SCHEMA!r} must be {SCHEMA_VERSION!r} (got {schema!r})")
-        final = integer(HEADER_FINAL, 0)
-        if final not in (0, 1):
-            raise ContractError(f"header {HEADER_FINAL!r} must be 0 or 1 (got {final})")
-        return cls(turn=integer(HEADER_TURN, 0), attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
-                   group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema)
 
 
 @dataclass(frozen=True)
@@ -151,45 +108,6 @@ def batch_metrics_record(batch_seq: int, metrics: dict[str, Any], *, samples: in
     doc = {"kind": "batch", "batch": batch_seq, "samples": samples, "manifest": manifest_path,
            "metrics": prefixed(metrics)}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
-# ---------------------------------------------------------------------------------------- keys
-
-RolloutKeyParts = tuple[AdapterRef | None, str, int, int]
-
-
-def parse_rollout_key(key: bytes | str | None) -> RolloutKeyParts:
-    """Inverse of ``topics.rollout_key_string``: ``(adapter, kind, group_index, id)``.
-
-    Strict: ContractError unless the key is the compact JSON array
-    ``[adapter name|null, slot|null, kind, group_index, id]`` with a non-negative integer group
-    index, so a group can be found from a record key alone (a dead-lettered turn included).
-    """
-    try:
-        text = key.decode("utf-8") if isinstance(key, (bytes, bytearray)) else key
-        parts = json.loads(text) if isinstance(text, str) else None
-    except (UnicodeDecodeError, ValueError):
-        parts = None
-    shape = "the rollout key [adapter, slot, kind, group_index, id] as compact JSON"
-    if not isinstance(parts, list) or len(parts) != 5:
-        raise ContractError(must_be("record key", shape, key if not isinstance(key, bytes) else key[:200]))
-    name, slot, kind, group_index, ident = parts
-    integral = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    if (name is None) != (slot is None) or (name is not None and not (isinstance(name, str) and integral(slot))):
-        raise ContractError(must_be("record key adapter", "[name, slot] or [null, null]", [name, slot]))
-    if kind not in ("rollout", "sample") or not integral(group_index) or group_index < 0 or not integral(ident):
-        raise ContractError(must_be("record key", shape + " with a group_index >= 0", parts))
-    adapter = AdapterRef(name, slot) if name is not None else None
-    return adapter, kind, group_index, ident
-
-
-def rollout_key_adapter(key: bytes | str | None) -> str | None:
-    """The adapter name a record key names; None when it names none or is not a rollout key."""
-    try:
-        adapter = parse_rollout_key(key)[0]
-    except ContractError:
-        return None
-    return adapter.name if adapter is not None else None
 
 
 # ------------------------------------------------------------------------------ shard announcements
@@ -255,17 +173,7 @@ def parse_announcement(value: bytes | None) -> ShardAnnouncement | None:
 
 # ------------------------------------------------------------------------------- control records
 
-CONTROL_END_OF_RUN = "end-of-run"
-CONTROL_ABANDONED = "abandoned"
 END_OF_RUN_KEY = b"end-of-run"
-
-
-def control_kind(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
-    """The ``control`` header's value (``end-of-run``, ``abandoned``), or None for a data record."""
-    for name, value in headers or ():
-        if name == HEADER_CONTROL:
-            return bytes(value or b"").decode("ascii", "replace")
-    return None
 
 
 def _control_doc(value: bytes | None, what: str, fields: dict[str, type]) -> dict[str, Any]:
@@ -342,7 +250,6 @@ class Abandoned:
         return cls(doc["attempt"], doc["group_size"], doc["kind"], doc["reason"], doc["source"])
 
 
-CONTROL_BATCH_SKIPPED = "batch-skipped"
 
 
 @dataclass(frozen=True)

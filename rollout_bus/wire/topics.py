@@ -9,18 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Record headers on rollout.turns (PIPELINE.md); values are ASCII decimal strings.
-HEADER_TURN = "turn"
-HEADER_ATTEMPT = "attempt"
-HEADER_FINAL = "final"
-HEADER_GROUP_SIZE = "group_size"
-HEADER_SCHEMA = "schema"
-HEADER_SENT_AT = "sent_at"
-SCHEMA_VERSION = "1"
-# Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).
-HEADER_REROUTED_FROM = "rerouted-from"
-# A control record (end of run, abandoned episode) carries this header; data records never do.
-HEADER_CONTROL = "control"
 # The largest record value on any topic (``KafkaSettings.max_record_bytes``; ``rollout_bus.kafka.limits``
 # turns it into topic, producer and consumer settings). The broker refuses requests over 100 MiB.
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
@@ -95,17 +83,3 @@ class Topics:
 
     def names(self) -> list[str]:
         return [spec.name for spec in self.specs()]
-
-
-
-def rollout_key_string(key: tuple) -> str:
-    """The record key of a rollout: ``get_rollout_key``'s tuple as stable, compact JSON.
-
-    ``(AdapterRef("math", 1), "rollout", 3, 17)`` becomes ``["math",1,"rollout",3,17]`` and an
-    adapter-less key ``[null,null,"rollout",3,17]``. JSON keeps any adapter name unambiguous.
-    """
-    import json
-
-    adapter, kind, group_index, ident = key
-    name, slot = (adapter.name, adapter.slot) if adapter is not None else (None, None)
-    return json.dumps([name, slot, kind, group_index, ident], separators=(",", ":"))

@@ -19,7 +19,7 @@ from kafka import KafkaProducer
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.dev.local_broker import LocalBroker, port_is_free
-from rollout_bus.wire.records import TurnHeaders
+from rollout_bus.wire.headers import TurnHeaders
 from tests.chaos.harness import FaultContext, Observation
 
 Fault = Callable[[FaultContext], None]

@@ -9,10 +9,10 @@ import zlib
 import pytest
 
 from rollout_bus.wire.codec import encode_samples
-from rollout_bus.model.metrics import get_rollout_key
 from rollout_bus.wire.partitioning import partition_for
-from rollout_bus.wire.records import TURN_FIELDS, TurnHeaders, control_kind
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.headers import TurnHeaders, control_kind
+from rollout_bus.wire.rollout_key import rollout_key_of
 from tests.integration.test_stream_worker import (Reader, Worker, _expected_episodes, _generated, _keys,
                                                   _wait_for_stable_group)
 
@@ -54,7 +54,7 @@ def test_an_episode_whose_turns_come_from_two_clients_is_merged_whole_by_two_wor
     python = KafkaProducer(bootstrap_servers=kafka_bootstrap)  # murmur2, like Java
     foreign = ForeignProducer(kafka_bootstrap, topics.turns)
     for sample, args in turns:
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        key = rollout_key_of(sample).encode()
         value = encode_samples([sample], TURN_FIELDS)
         headers = TurnHeaders(args["turn"], args["attempt"], args["final"], args["group_size"], 1).to_kafka()
         # half the episodes: earlier turns from kafka-python, the final from librdkafka (the split);

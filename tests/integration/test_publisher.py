@@ -20,10 +20,10 @@ from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders, control_kind
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import Sample, Status
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_published_turns_come_back_with_the_same_key_value_and_headers(client_kw
     for record in records:
         by_key.setdefault(record.key, []).append(record)
     for sample, args in turns:
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        key = rollout_key_of(sample).encode()
         record = by_key[key].pop(0)  # one partition per key: turns of an episode stay in order
         (decoded,), _ = decode_samples(record.value, TURN_FIELDS)
         assert decoded == sample

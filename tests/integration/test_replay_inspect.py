@@ -23,7 +23,7 @@ from rollout_bus.tools.inspect import inspect_position, render
 from rollout_bus.kafka.clients import wait_for_partitions
 from rollout_bus.kafka.reader import TopicReader, open_reader
 from rollout_bus.wire.positions import Position, RangeStart
-from rollout_bus.wire.records import control_kind
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.tools.replay import manifests_in_dir, replay, settle_settings
 from tests.integration.pipeline_harness import run_pipeline
 

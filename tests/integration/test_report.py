@@ -16,7 +16,7 @@ from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.wire.records import batch_metrics_record, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.shards import write_batch_shards
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,11 +25,12 @@ from rollout_bus.shard_writer.out_dir import scan_out_dir
 from rollout_bus.shard_writer.writer_lock import LOCK_NAME
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, control_kind, encode_episode
+from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.wire.topics import rollout_key_string
-from rollout_bus.model.train_data import load_shard
+from rollout_bus.wire.rollout_key import rollout_key_string
+from rollout_bus.model.shards import load_shard
 
 pytestmark = pytest.mark.kafka
 

@@ -24,8 +24,10 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.wire.positions import RangeStart
 from rollout_bus.tools.replay import replay
-from rollout_bus.wire.records import Abandoned, control_kind
-from rollout_bus.wire.topics import Topics, rollout_key_string
+from rollout_bus.wire.records import Abandoned
+from rollout_bus.wire.headers import control_kind
+from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.rollout_key import rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_episode, manifests, publish,
                                                  read_topic, run_writer)
 

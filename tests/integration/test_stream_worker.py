@@ -20,9 +20,10 @@ from rollout_bus.publish.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import adapter_scope
-from rollout_bus.model.metrics import compute_metrics_from_samples, get_rollout_key
-from rollout_bus.wire.records import TurnHeaders, decode_episode
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.model.metrics import compute_metrics_from_samples
+from rollout_bus.wire.records import decode_episode
+from rollout_bus.wire.headers import TurnHeaders
+from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import share_final_reward
 from rollout_bus.stream.windows import merge_window_records
@@ -50,7 +51,7 @@ def _expected_episodes(turns) -> dict[tuple[bytes, int], list]:
     by_attempt = defaultdict(list)
     done = {}
     for sample, args in turns:
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        key = rollout_key_of(sample).encode()
         by_attempt[(key, args["attempt"])].append(sample)
         if args["final"]:
             samples = by_attempt[(key, args["attempt"])]
@@ -153,7 +154,7 @@ def test_bad_records_go_to_the_dlq_and_later_episodes_still_arrive(kafka_bootstr
         sample.index += 100
     _publish(kafka_bootstrap, topics, first)
     final_sample, final_args = next((s, a) for s, a in reversed(first) if a["final"])
-    key = rollout_key_string(get_rollout_key(final_sample, 0)).encode()
+    key = rollout_key_of(final_sample).encode()
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     late_headers = TurnHeaders(final_args["turn"] + 1, final_args["attempt"], True, 4, 1).to_kafka()
     producer.send(topics.turns, key=b"garbage", value=b"\x00not a payload", headers=late_headers)

@@ -5,7 +5,7 @@ is one record (exact key bytes, headers, value bytes) plus its decoded form in p
 ``partitions.json`` gives the partition of every key (README.md in this folder says how to use them).
 
 The samples are written out literally below, and encoded the way ``rollout_bus.publish.publisher.TurnPublisher``
-does (key ``rollout_key_string(get_rollout_key(sample, 0))``, value ``encode_samples([sample],
+does (key ``rollout_key_of(sample)``, value ``encode_samples([sample],
 TURN_FIELDS)``, ``TurnHeaders(...).to_kafka()`` headers with a fixed ``sent_at``), so the files
 change only when the wire format does.
 
@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from rollout_bus.wire.codec import decode_samples, encode_samples
-from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.partitioning import murmur2, partition_for
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 
 HERE = Path(__file__).resolve().parent
 TOPIC = "rollout.turns"

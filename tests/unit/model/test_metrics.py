@@ -11,13 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_bus.errors import ContractError
-from rollout_bus.model.metrics import (
-    compute_episode_response_length_metrics,
-    compute_metrics_from_samples,
-    compute_statistics,
-    compute_training_sample_metrics,
-    get_rollout_key,
-)
+from rollout_bus.model.metrics import (compute_episode_response_length_metrics, compute_metrics_from_samples,
+                                       compute_statistics, compute_training_sample_metrics)
+from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 
 LORA_A = AdapterRef("math", 0)

@@ -15,16 +15,8 @@ from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.model.shards import shard_tensors
-from rollout_bus.model.train_data import (
-    MANIFEST_NAME,
-    batch_path,
-    convert_samples_to_train_data,
-    load_shard,
-    read_manifest,
-    split_train_data_by_dp,
-    verify_batch,
-    write_batch_shards,
-)
+from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
+from rollout_bus.model.shards import MANIFEST_NAME, batch_path, load_shard, read_manifest, verify_batch, write_batch_shards
 
 SOURCES = [{"topic": "rollout.episodes", "partition": 0, "first_offset": 10, "last_offset": 15}]
 METRICS = {"rollout/response_len/mean": np.float64(3.5), "rollout/truncated_ratio": 0.0, "bad": float("nan")}

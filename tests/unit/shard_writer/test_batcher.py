@@ -14,7 +14,7 @@ from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.wire.records import Abandoned, EpisodeInfo, encode_episode
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 
 MATH = AdapterRef("math", 1)
 CODE = AdapterRef("code", 0)

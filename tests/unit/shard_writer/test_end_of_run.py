@@ -8,7 +8,7 @@ from rollout_bus.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.errors import ContractError
 from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun, EpisodeInfo, encode_episode
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 from tests.unit.shard_writer.test_batcher import segment
 
 

@@ -8,9 +8,10 @@ import numpy as np
 
 from rollout_bus.shard_writer.batcher import Batcher, Episode
 from rollout_bus.shard_writer.out_dir import WrittenBatch, batch_metrics, manifest_extra
-from rollout_bus.shard_writer.staleness import episode_oldest_version, is_stale, split_stale
+from rollout_bus.shard_writer.batcher import split_stale
+from rollout_bus.shard_writer.staleness import episode_oldest_version, is_stale
 from rollout_bus.model.sample import Sample
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 
 G = 2  # groups per batch: batch k holds group indices 2k and 2k + 1
 

@@ -16,10 +16,9 @@ from rollout_bus.sim.sampling import SamplingParams, sample_tokens
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError
-from rollout_bus.model.metrics import get_rollout_key
 from rollout_bus.wire.records import TURN_FIELDS
 from rollout_bus.model.sample import AdapterRef, Status
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
 
 SMALL = dict(episodes=12, n_samples_per_prompt=4, vocab_size=4096, min_response_len=4, max_response_len=20)
@@ -32,7 +31,7 @@ def small(**overrides) -> GenerateSettings:
 def records(settings: GenerateSettings) -> list[tuple[bytes, bytes, dict]]:
     from rollout_bus.wire.codec import encode_samples
 
-    return [(rollout_key_string(get_rollout_key(s, 0)).encode(), encode_samples([s], TURN_FIELDS), args)
+    return [(rollout_key_of(s).encode(), encode_samples([s], TURN_FIELDS), args)
             for s, args in iter_turns(settings)]
 
 
@@ -40,7 +39,7 @@ def episodes_of(turns) -> dict:
     """Turns per (rollout key, attempt), in order."""
     grouped = defaultdict(list)
     for sample, args in turns:
-        grouped[(rollout_key_string(get_rollout_key(sample, 0)), args["attempt"])].append((sample, args))
+        grouped[(rollout_key_of(sample), args["attempt"])].append((sample, args))
     return grouped
 
 
@@ -200,7 +199,7 @@ def test_an_aborted_attempt_is_retried_from_turn_zero_with_a_higher_attempt():
     turns = list(iter_turns(small(retry_prob=1.0, max_attempts=3)))
     by_key = defaultdict(list)
     for sample, args in turns:
-        by_key[rollout_key_string(get_rollout_key(sample, 0))].append(args)
+        by_key[rollout_key_of(sample)].append(args)
     assert len(by_key) == 12
     for args in by_key.values():
         assert sorted({a["attempt"] for a in args}) == [0, 1, 2]

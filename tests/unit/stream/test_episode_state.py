@@ -11,13 +11,13 @@ import pytest
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import ContractError, RecordTooLargeError
-from rollout_bus.wire.records import (END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, TurnHeaders, control_kind,
-                                 decode_episode)
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, decode_episode
+from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.wire.codec import encode_samples
-from rollout_bus.wire.topics import Topics, rollout_key_string
-from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import (Action, EpisodeIndex, decide, finished_index, index_key, share_final_reward,
                                    turn_key)
@@ -147,7 +147,7 @@ def _records(samples: list[Sample], *, attempt: int = 0, partition: int = 0, sta
     out = []
     for t, sample in enumerate(samples):
         headers = TurnHeaders(t, attempt, t == len(samples) - 1, 2, 7).to_kafka()
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        key = rollout_key_of(sample).encode()
         out.append(TurnRecord(key, encode_samples([sample], TURN_FIELDS), headers, "turns", partition,
                               start_offset + t, ts_ms + t))
     return out

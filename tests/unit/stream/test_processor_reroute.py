@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from rollout_bus.wire.partitioning import partition_for
 from rollout_bus.wire.records import decode_episode
-from rollout_bus.wire.topics import HEADER_REROUTED_FROM, Topics
+from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.headers import HEADER_REROUTED_FROM
 from rollout_bus.stream.processor import TurnProcessor
 from rollout_bus.stream.state import ChangelogState
 from tests.unit.stream.test_episode_state import _episode, _records, _Sink

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import (Abandoned, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement, TurnHeaders,
-                                 WeightVersion, announcement_value, control_kind, parse_announcement,
-                                 parse_rollout_key, rollout_key_adapter)
+from rollout_bus.wire.records import (Abandoned, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement,
+                                      WeightVersion, announcement_value, parse_announcement)
+from rollout_bus.wire.headers import TurnHeaders, control_kind
+from rollout_bus.wire.rollout_key import parse_rollout_key, rollout_key_adapter
 from rollout_bus.model.sample import AdapterRef
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 
 
 @pytest.mark.parametrize("key", [

@@ -29,21 +29,22 @@ from rollout_bus.shard_writer.batcher import Batch, Batcher
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
 from rollout_bus.shard_writer.writer import STAGE as SHARDS_STAGE
-from rollout_bus.shard_writer.staleness import split_stale
+from rollout_bus.shard_writer.batcher import split_stale
 from rollout_bus.sim.faults import MALFORMED_VALUE
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.wire.codec import decode_samples, encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
-from rollout_bus.model.metrics import get_rollout_key
-from rollout_bus.wire.records import (TURN_FIELDS, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement, TurnHeaders,
-                                 WeightVersion, announcement_value, batch_metrics_record, control_kind,
-                                 decode_episode)
+from rollout_bus.wire.records import (TURN_FIELDS, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement,
+                                      WeightVersion, announcement_value, batch_metrics_record, decode_episode)
+from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.wire.topics import HEADER_REROUTED_FROM, Topics, rollout_key_string
-from rollout_bus.model.train_data import batch_path
+from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.headers import HEADER_REROUTED_FROM
+from rollout_bus.wire.rollout_key import rollout_key_of, rollout_key_string
+from rollout_bus.model.shards import batch_path
 from rollout_bus.stream.processor import TurnProcessor
 from rollout_bus.stream.state import ChangelogState
 from rollout_bus.stream.turn_record import TurnRecord
@@ -117,7 +118,7 @@ def turn_records(settings: GenerateSettings) -> list[TurnRecord]:
     """The generator's turns as the publisher would send them, all on partition 0, 50 ms apart."""
     records = []
     for offset, (sample, args) in enumerate(iter_turns(settings)):
-        key = rollout_key_string(get_rollout_key(sample, 0)).encode()
+        key = rollout_key_of(sample).encode()
         headers = TurnHeaders(args["turn"], args["attempt"], args["final"], args["group_size"],
                               SENT_AT_MS + offset).to_kafka()
         records.append(TurnRecord(key, encode_samples([sample], TURN_FIELDS), headers, TOPICS.turns, 0, offset,
@@ -302,7 +303,7 @@ def test_a_minimal_sample_with_nulls_a_nan_reward_and_unicode_matches_the_schema
     meta = samples_meta(payload)
     validate("samples_meta", meta)
     assert meta["samples"][0]["nulls"] == ["loss_mask", "rollout_log_probs", "rollout_sampling_mask"]
-    key = rollout_key_string(get_rollout_key(sample, 0))
+    key = rollout_key_of(sample)
     assert key == '["m\\u00e4th",0,"sample",0,3]'
     validate("rollout_key", key)
 
@@ -617,6 +618,6 @@ def test_the_wire_md_example_builds_the_bytes_the_encoder_builds():
     value = wire_example()["turn_value"]()
     (sample,), metadata = decode_samples(value, TURN_FIELDS)
     assert metadata == {} and encode_samples([sample], TURN_FIELDS) == value
-    assert rollout_key_string(get_rollout_key(sample, 0)) == '[null,null,"rollout",0,0]'
+    assert rollout_key_of(sample) == '[null,null,"rollout",0,0]'
     assert sample.rollout_sampling_mask.row(2).tolist() == [9, 11, 12]
     validate("samples_meta", samples_meta(value))

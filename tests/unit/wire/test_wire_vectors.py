@@ -21,12 +21,14 @@ import safetensors.numpy
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
 from rollout_bus.wire.codec import CodecError, decode_samples, encode_samples
-from rollout_bus.model.metrics import get_rollout_key
+from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.partitioning import murmur2, partition_for
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, TurnHeaders, control_kind, parse_rollout_key
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.headers import TurnHeaders, control_kind
+from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.wire.topics import rollout_key_string
+from rollout_bus.wire.rollout_key import rollout_key_string
 from tests.vectors import make_vectors
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors"

@@ -1,0 +1,82 @@
+"""Every record header the bus defines, beside the records that read and write them (WIRE.md sections 4.2, 4.6, 5.2 and 7.2).
+
+A header name, its values and its parsing start here: ``TurnHeaders`` for the six headers of a turn on
+rollout.turns, the ``control`` header that tells a control record (end of run, abandoned, batch
+skipped) from data, and the header the stream worker adds to a re-routed turn. The dead letter's
+``dlq.*`` headers are beside ``DeadLetter`` in ``dead_letter.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rollout_bus.errors import ContractError
+
+# Record headers on rollout.turns (WIRE.md section 4.2); values are ASCII decimal strings.
+HEADER_TURN = "turn"
+HEADER_ATTEMPT = "attempt"
+HEADER_FINAL = "final"
+HEADER_GROUP_SIZE = "group_size"
+HEADER_SCHEMA = "schema"
+HEADER_SENT_AT = "sent_at"
+SCHEMA_VERSION = "1"
+# Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).
+HEADER_REROUTED_FROM = "rerouted-from"
+# A control record (end of run, abandoned episode) carries this header; data records never do.
+HEADER_CONTROL = "control"
+# Its values.
+CONTROL_END_OF_RUN = "end-of-run"
+CONTROL_ABANDONED = "abandoned"
+CONTROL_BATCH_SKIPPED = "batch-skipped"
+
+
+def control_kind(headers: Iterable[tuple[str, bytes]] | None) -> str | None:
+    """The ``control`` header's value (``end-of-run``, ``abandoned``, ``batch-skipped``), or None for a data record."""
+    for name, value in headers or ():
+        if name == HEADER_CONTROL:
+            return bytes(value or b"").decode("ascii", "replace")
+    return None
+
+
+@dataclass(frozen=True)
+class TurnHeaders:
+    """The headers of a rollout.turns record (WIRE.md section 4.2)."""
+
+    turn: int
+    attempt: int
+    final: bool
+    group_size: int
+    sent_at_ms: int
+    schema: str = SCHEMA_VERSION
+
+    def to_kafka(self) -> list[tuple[str, bytes]]:
+        return [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
+                (HEADER_FINAL, b"1" if self.final else b"0"), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
+                (HEADER_SCHEMA, self.schema.encode()), (HEADER_SENT_AT, str(self.sent_at_ms).encode())]
+
+    @classmethod
+    def from_kafka(cls, headers: Iterable[tuple[str, bytes]] | None) -> "TurnHeaders":
+        """Parse and check the headers; ContractError names the header that is missing or wrong."""
+        found = {k: v for k, v in (headers or [])}
+
+        def integer(name: str, minimum: int) -> int:
+            raw = found.get(name)
+            if raw is None:
+                raise ContractError(f"header {name!r} is missing")
+            text = bytes(raw)
+            if not (text.isdigit() or (text[:1] == b"-" and text[1:].isdigit())):  # ASCII digits only (WIRE.md)
+                raise ContractError(f"header {name!r} must be a decimal integer in ASCII digits (got {text!r})")
+            value = int(text)
+            if value < minimum:
+                raise ContractError(f"header {name!r} must be >= {minimum} (got {value})")
+            return value
+
+        schema = bytes(found.get(HEADER_SCHEMA, b"")).decode("ascii", "replace")
+        if schema != SCHEMA_VERSION:
+            raise ContractError(f"header {HEADER_SCHEMA!r} must be {SCHEMA_VERSION!r} (got {schema!r})")
+        final = integer(HEADER_FINAL, 0)
+        if final not in (0, 1):
+            raise ContractError(f"header {HEADER_FINAL!r} must be 0 or 1 (got {final})")
+        return cls(turn=integer(HEADER_TURN, 0), attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
+                   group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema)
