@@ -1,18 +1,26 @@
-"""The one place rollout-bus errors are defined.
+"""The rollout-bus error tree: every error class callers may catch, defined here.
 
 Every error the project raises on purpose derives from ``RolloutBusError``; errors about bad
-data also derive from ``ValueError`` so callers that only know the contract (CONTRACTS.md says
-"raises ValueError") catch them unchanged::
+data also derive from ``ValueError`` so callers that only know the contract (docs/data-model.md
+says "raises ValueError") catch them unchanged::
 
     RolloutBusError
     ├── ContractError (ValueError)      a value breaks a data contract (sample, mask, merge, batch)
     │   ├── CodecError                  a wire payload cannot be encoded or decoded
     │   └── MaskCheckError              the whole-batch sampling-mask check failed
     ├── ConfigError (ValueError)        a setting or command-line value is unusable
-    └── BrokerError                     the local Kafka broker cannot be fetched, started or reached
-        ├── RecordTooLargeError         a record is over the size limit of a producer or topic
-        ├── Unavailable                 something waited for is not there yet (transient)
-        └── Stopped                     asked to stop while waiting for the broker
+    │   └── MissingTopicError           (also an Unavailable, below) a topic has no partitions
+    ├── BrokerError                     the local Kafka broker cannot be fetched, started or reached
+    │   ├── Unavailable                 something waited for is not there yet (transient)
+    │   │   └── MissingTopicError       (also a ConfigError) not created yet, or a wrong name
+    │   ├── Stopped                     asked to stop while waiting for the broker
+    │   └── RecordTooLargeError         a record is over the size limit of a producer or topic
+    └── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
+
+Two classes live beside their one user instead: ``WriterLockedError`` (a ``ConfigError``: another
+shard writer holds the output directory) in ``rollout_bus.shard_writer.writer_lock``, and
+``rollout_bus.stream.turn_record.Rejected``, the stream stage's internal signal that carries a
+record's dead-letter kind (a plain ``Exception``, caught inside the stage).
 
 Messages follow one template, ``'{name}' must be {expected} (got {value!r})``, and say where
 (sample position, tensor name, topic-partition-offset) whenever that is known.
@@ -28,7 +36,7 @@ class RolloutBusError(Exception):
 
 
 class ContractError(RolloutBusError, ValueError):
-    """A value breaks one of the data contracts in CONTRACTS.md."""
+    """A value breaks one of the data contracts in docs/data-model.md."""
 
 
 class CodecError(ContractError):

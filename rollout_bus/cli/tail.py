@@ -1,4 +1,8 @@
-"""``rollout-bus tail``: live metrics of a run, refreshing in place; thin: parse, build the feed, draw.
+"""``rollout-bus tail``: live metrics of a run, refreshing in place.
+
+The reading and folding are ``rollout_bus.observe.feed.MetricsFeed``; this module holds the rest: the
+flags, the rich tables a person watches (``render``: windows, latest batch, staleness, dead letters,
+lag), and the refresh loop (a live view on a terminal, one snapshot per interval otherwise).
 
 Also ``python -m rollout_bus.cli.tail``. It reads rollout.metrics and rollout.dlq with its own
 group-less consumer (assign + seek, commits nothing), by default from the last ``--history``

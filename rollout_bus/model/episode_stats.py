@@ -1,4 +1,4 @@
-"""Episode identity and the exact, mergeable episode-metric accumulator (CONTRACTS.md section 6).
+"""Episode identity and the exact, mergeable episode-metric accumulator (docs/data-model.md section 6).
 
 Contract:
 

@@ -1,4 +1,4 @@
-"""Rollout metrics, named as miles names them so its dashboards carry over (CONTRACTS.md section 6).
+"""Rollout metrics, named as miles names them so its dashboards carry over (docs/data-model.md section 6).
 
 Contract (loggers prefix every key with ``rollout/``):
 

@@ -1,4 +1,4 @@
-"""The rollout sample: one prompt plus one response, with per-token training data (CONTRACTS.md section 1).
+"""The rollout sample: one prompt plus one response, with per-token training data (docs/data-model.md section 1).
 
 Contract:
 

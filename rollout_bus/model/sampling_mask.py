@@ -1,4 +1,4 @@
-"""Ragged top-p/top-k sampling supports in CSR form (CONTRACTS.md section 2).
+"""Ragged top-p/top-k sampling supports in CSR form (docs/data-model.md section 2).
 
 Contract:
 

@@ -1,4 +1,4 @@
-"""Batch shards on disk: one safetensors file per DP rank plus a manifest (CONTRACTS.md section 5).
+"""Batch shards on disk: one safetensors file per DP rank plus a manifest (docs/data-model.md section 5).
 
 Contract:
 

@@ -1,4 +1,4 @@
-"""Trainer data: samples -> per-rank training batches (CONTRACTS.md section 5).
+"""Trainer data: samples -> per-rank training batches (docs/data-model.md section 5).
 
 Contract:
 

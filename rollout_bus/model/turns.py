@@ -1,4 +1,4 @@
-"""Multi-turn episodes: forced tokens and the merging of turns (CONTRACTS.md section 3).
+"""Multi-turn episodes: forced tokens and the merging of turns (docs/data-model.md section 3).
 
 Contract:
 

@@ -1,6 +1,6 @@
 """``TurnPublisher``: one turn sample per rollout.turns record, on a kafka-python producer.
 
-Contract (PIPELINE.md, rollout.turns):
+Contract (docs/pipeline.md section 2; the record byte for byte: WIRE.md section 4):
 
 * Key: ``rollout_key_of(sample)``, so all turns of an episode land on one
   partition in order. Value: ``encode_samples([sample], TURN_FIELDS)``. Headers:

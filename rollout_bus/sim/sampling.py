@@ -1,4 +1,4 @@
-"""Temperature, top-k and top-p sampling that reports every token's support (CONTRACTS.md section 2).
+"""Temperature, top-k and top-p sampling that reports every token's support (docs/data-model.md section 2).
 
 Contract (the math inference engines use, e.g. SGLang's torch sampler):
 

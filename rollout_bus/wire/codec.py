@@ -1,4 +1,4 @@
-"""Wire codec: samples to one safetensors buffer and back (CONTRACTS.md section 4).
+"""Wire codec: samples to one safetensors buffer and back (docs/data-model.md section 4, WIRE.md section 4.3).
 
 Contract:
 

@@ -1,4 +1,4 @@
-"""Batch rollout metrics (CONTRACTS.md section 6), checked on hand-made cases and against a naive model."""
+"""Batch rollout metrics (docs/data-model.md section 6), checked on hand-made cases and against a naive model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Batch shards on disk: layout, manifest, atomic writes, loading (CONTRACTS.md section 5)."""
+"""Batch shards on disk: layout, manifest, atomic writes, loading (docs/data-model.md section 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Trainer conversion and DP split (CONTRACTS.md section 5)."""
+"""Trainer conversion and DP split (docs/data-model.md section 5)."""
 
 from __future__ import annotations
 

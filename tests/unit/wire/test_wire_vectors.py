@@ -34,7 +34,7 @@ from tests.vectors import make_vectors
 VECTORS = Path(__file__).resolve().parents[2] / "vectors"
 NAMES = sorted(p.name.removesuffix(".decoded.json") for p in VECTORS.glob("*.decoded.json"))
 PARTITIONS = json.loads((VECTORS / "partitions.json").read_text("utf-8"))
-# The wire dtype of every token-aligned tensor field (CONTRACTS.md section 4); the mask's parts below.
+# The wire dtype of every token-aligned tensor field (WIRE.md section 4.3); the mask's parts below.
 ARRAY_DTYPES = {"tokens": "<i8", "loss_mask": "u1", "rollout_log_probs": "<f8", "rollout_token_versions": "<i8"}
 MASK_DTYPES = {"flat_ids": "<i4", "offsets": "<i8"}
 
