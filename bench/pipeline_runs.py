@@ -32,7 +32,7 @@ from rollout_bus.wire.rollout_key import rollout_key_of
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
 GROUP = 4  # GenerateSettings' n_samples_per_prompt
-WHOLE_BATCH = GROUP * DemoOptions.groups_per_batch  # no end-of-run is sent: only whole batches get written
+WHOLE_BATCH = GROUP * DemoOptions().batching.groups_per_batch  # no end-of-run is sent: only whole batches get written
 WORKLOADS = {  # name: GenerateSettings overrides (masks are always on: TURN_FIELDS has SAMPLING_MASK_FIELDS)
     "default": {},
     "long": {"min_response_len": 1000, "max_response_len": 4000},

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, Topics
 
 ENV_PREFIX = "ROLLOUT_BUS_"
@@ -52,7 +53,31 @@ class KafkaSettings(_Settings):
         return Topics(prefix=self.topic_prefix)
 
 
-class GenerateSettings(_Settings):
+class BatchingSettings(_Settings):
+    """What batch k is, for every stage of a run: one object, one default, one declaration on the bus.
+
+    ``batching="step"``: batch k holds the prompt groups with group_index in ``[k*G, (k+1)*G)``,
+    G = ``groups_per_batch``, and trains at trainer step k; ``"arrival"``: the first G groups to
+    complete (no replay identity). ``max_staleness`` K is the run's staleness bound (step batching):
+    the generator starts a group of batch k only once the live weight version is >= k - K, and the
+    shard writer drops an episode older than that as ``stale``; None: no bound.
+
+    The generator (when it holds to a bound) and the shard writer both declare these on rollout.run
+    before they start (``rollout_bus.kafka.run_record``): the first declaration is the run's, and a
+    stage whose settings differ is refused, naming the setting, so two stages never disagree on
+    what batch k is. ``generate``, ``shards``, ``demo`` and ``replay`` take them from the same flags.
+    """
+
+    groups_per_batch: int = Field(4, ge=1)
+    batching: Literal["step", "arrival"] = "step"
+    max_staleness: int | None = Field(None, ge=0)
+
+    def declaration(self, declared_by: str) -> RunBatching:
+        """These settings as the record a stage declares on rollout.run."""
+        return RunBatching(self.groups_per_batch, self.batching, self.max_staleness, declared_by)
+
+
+class GenerateSettings(BatchingSettings):
     """The built-in generator (`rollout-bus generate`). Every knob is seeded by ``seed``.
 
     ``episodes`` are split into ``ceil(episodes / n_samples_per_prompt)`` prompt groups (the last
@@ -93,11 +118,9 @@ class GenerateSettings(_Settings):
     run_id: str = ""
     end_of_run: bool = True
     delivery_timeout_s: float = Field(900.0, ge=31)  # kafka-python: >= request timeout (30 s) + linger
-    # the control loop (rollout.weights): stamp turns with the trainer's live version; admit a group of
-    # batch k (= group_index // groups_per_batch) only once that version is >= k - max_staleness
+    # the control loop (rollout.weights): stamp turns with the trainer's live version; with max_staleness
+    # (BatchingSettings), admit a group of batch k only once that version is >= k - max_staleness
     follow_weights: bool = False
-    max_staleness: int | None = Field(None, ge=0)
-    groups_per_batch: int = Field(4, ge=1)
     # share of turns interrupted when the live version changes mid-turn (an aborted partial turn, then
     # its continuation under the new version)
     interrupt_prob: float = Field(0.0, ge=0, le=1)
@@ -119,8 +142,8 @@ class StreamSettings(_Settings):
     replication_factor: int = Field(1, ge=1)
 
 
-class ShardSettings(_Settings):
-    """The shard writer (`rollout-bus shards`).
+class ShardSettings(BatchingSettings):
+    """The shard writer (`rollout-bus shards`); its batching is ``BatchingSettings``.
 
     Batch boundaries follow from the log alone (complete groups, abandoned records, end-of-run
     markers), never from a clock. ``exit_on_end_of_run`` stops the writer once the end-of-run
@@ -132,14 +155,9 @@ class ShardSettings(_Settings):
 
     out: str = "shards"
     dp_size: int = Field(2, ge=1)
-    groups_per_batch: int = Field(2, ge=1)
-    batching: Literal["step", "arrival"] = "step"
     group_id: str = "rollout-bus-shards"
     normalization: Literal["none", "grpo", "grpo_std"] = "grpo"
     exit_when_idle: bool = False
     exit_on_end_of_run: bool = False
     max_batches: int | None = Field(None, ge=1)
     written_memory: int = Field(64, ge=1)
-    # safety net of the staleness bound: an episode whose oldest weight version is more than this many
-    # steps behind its batch (step batching: batch k trains at step k) goes to the DLQ as ``stale``
-    max_staleness: int | None = Field(None, ge=0)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from rollout_bus.cli import options
-from rollout_bus.config import KafkaSettings
+from rollout_bus.config import BatchingSettings, KafkaSettings
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.dev.local_broker import BrokerLease
 from rollout_bus.tools.demo import DemoOptions, run_demo
@@ -24,16 +24,15 @@ def demo(
     seed: int = typer.Option(0, "--seed", help="Seeds the generator: the same seed gives byte-identical shards."),
     adapters: str = typer.Option("", "--adapters", help="Comma-separated LoRA adapters, e.g. math,code."),
     n_samples_per_prompt: int = typer.Option(4, "--n-samples-per-prompt", min=1, help="Episodes per prompt group."),
-    groups_per_batch: int = typer.Option(4, "--groups-per-batch", min=1, help="Prompt groups per trainer batch."),
+    groups_per_batch: int | None = options.GROUPS_PER_BATCH,
+    batching: str | None = options.BATCHING,
     dp_size: int = typer.Option(2, "--dp-size", min=1, help="Data-parallel ranks: one shard each per batch."),
     out: Path | None = typer.Option(None, "--out", help="Where shards and logs go (default: demo-out/<run id>)."),
     inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send bad records, to show the DLQ."),
     timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
     train: bool = typer.Option(False, "--train", help="Also run train-sim on the shards (every rank) and check that "
                                                       "every written batch is trained exactly once per rank."),
-    max_staleness: int | None = typer.Option(None, "--max-staleness", min=0,
-                                             help="With --train: close the loop. Generators start a group of batch "
-                                                  "k only once the trainer's weights are at version k - K."),
+    max_staleness: int | None = options.MAX_STALENESS,
     interrupt_prob: float = typer.Option(0.0, "--interrupt-prob", min=0.0, max=1.0,
                                          help="With --max-staleness: share of turns cut (an aborted part and its "
                                               "continuation) when new weights go live while they are generated."),
@@ -41,21 +40,24 @@ def demo(
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
 
+    --max-staleness needs --train (it closes the loop: without a trainer no weight version is published).
     Exit 0 only when every valid episode the generator finished is in exactly one shard (with
     --inject-faults, the deliberately bad records and the batch their replay gap fails go to the DLQ).
     With --train, train-sim (a fourth process) trains on the shards; then also only when it trained
     every written batch exactly once per rank, in seq order.
     """
-    if max_staleness is not None and not train:
+    settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
+    run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
+                                         max_staleness=max_staleness)
+    if run_batching.max_staleness is not None and not train:
         console.print("[red]error:[/red] --max-staleness needs --train: without a trainer no weight version is "
                       "published, and the generator would wait for ever")
         raise typer.Exit(2)
-    settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
     run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
-                              n_samples_per_prompt=n_samples_per_prompt, groups_per_batch=groups_per_batch,
+                              n_samples_per_prompt=n_samples_per_prompt, batching=run_batching,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
                               timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
-                              max_staleness=max_staleness, interrupt_prob=interrupt_prob)
+                              interrupt_prob=interrupt_prob)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

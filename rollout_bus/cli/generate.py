@@ -1,4 +1,9 @@
-"""``rollout-bus generate``: the built-in generator publishing to rollout.turns; thin: parse, settle, run.
+"""``rollout-bus generate``: the built-in generator publishing to rollout.turns.
+
+More than a parser: it wires the run (waits for the cluster, creates missing topics, builds the
+weight watcher, the staleness gate and the ``TurnPublisher``), draws the progress line, turns
+SIGTERM/SIGINT into a clean stop while it follows the weights, and prints and writes the summary; the
+episodes themselves come from ``rollout_bus.sim.generator.publish_generated``.
 
 Also ``python -m rollout_bus.cli.generate``. Progress (turns sent) goes to stderr with rich; the
 summary (run id, finished episodes with their attempts, turns, bytes, faults) is printed, and
@@ -17,7 +22,9 @@ batch k (= group index // ``--groups-per-batch``) starts only once that version 
 waits otherwise (an INFO line about every 10 s and the progress line say why). A SIGTERM or SIGINT
 then stops the generator at the next group boundary or during the wait: what was sent is flushed,
 the run is not closed, and it exits 128 + the signal number (a second signal stops it at once). The
-summary names the least and greatest live versions seen.
+summary names the least and greatest live versions seen. With a bound, the generator first declares
+its batching on rollout.run (or checks the run's, as the shard writer does): a mismatch exits 2
+naming the setting, before any turn is sent.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
-from rollout_bus.errors import RolloutBusError, Stopped
+from rollout_bus.errors import ConfigError, RolloutBusError, Stopped
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.client_logs import quiet_client_logs
+from rollout_bus.kafka.run_record import check_run_batching, declared_by
 from rollout_bus.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
@@ -92,6 +100,8 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
     topics = kafka.topics()
     wait_for_cluster(kwargs, settings.delivery_timeout_s)  # started during an outage: wait it out, saying so
     ensure_topics(kwargs, topics, max_record_bytes=kafka.max_record_bytes)
+    if settings.max_staleness is not None:  # the gate counts batches: hold them to the run's batching
+        check_run_batching(kwargs, topics, settings.declaration(declared_by("generator")))
     follows = settings.follow_weights or settings.max_staleness is not None
     columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
                "turns sent, {task.fields[mb]:.1f} MB{task.fields[weights]}{task.fields[note]}{task.fields[gate]}"),
@@ -175,13 +185,9 @@ def generate(
     follow_weights: bool = typer.Option(False, "--follow-weights",
                                         help="Stamp each engine call with the trainer's live weight version "
                                              "(rollout.weights) instead of the fixed policy version."),
-    max_staleness: int | None = typer.Option(None, "--max-staleness", min=0,
-                                             help="Start a group of batch k only once the live weight version is "
-                                                  ">= k - K, waiting for the trainer otherwise (implies "
-                                                  "--follow-weights; default: no bound)."),
-    groups_per_batch: int | None = typer.Option(None, "--groups-per-batch", min=1,
-                                                help="Prompt groups per trainer step: batch k holds group indices "
-                                                     "[k*G, (k+1)*G) (default 4)."),
+    max_staleness: int | None = options.MAX_STALENESS,
+    groups_per_batch: int | None = options.GROUPS_PER_BATCH,
+    batching: str | None = options.BATCHING,
     interrupt_prob: float | None = typer.Option(None, "--interrupt-prob", min=0.0, max=1.0,
                                                 help="Share of turns cut when the live weights change while they "
                                                      "are generated: an ABORTED partial turn, then its "
@@ -201,7 +207,7 @@ def generate(
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
-        interrupt_prob=interrupt_prob)
+        batching=batching, interrupt_prob=interrupt_prob)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     signals = StopSignals()
     try:
@@ -217,6 +223,9 @@ def generate(
         console.print(f"stopped ({signal.Signals(signals.signum).name}): {exc}; what was sent is flushed, "
                       "the run is left open")
         raise typer.Exit(128 + signals.signum) from exc
+    except ConfigError as exc:
+        console.print(f"[red]generator refused:[/red] {exc}")
+        raise typer.Exit(2) from exc
     except RolloutBusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc

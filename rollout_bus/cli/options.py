@@ -13,7 +13,7 @@ from typing import TypeVar
 import typer
 from pydantic import ValidationError
 
-from rollout_bus.config import KafkaSettings
+from rollout_bus.config import BatchingSettings, KafkaSettings
 
 NOISY_LOGGERS = ("kafka", "aiokafka", "faust", "mode")
 S = TypeVar("S")
@@ -54,3 +54,20 @@ PORT = typer.Option(9092, "--port", envvar="ROLLOUT_BUS_LOCAL_PORT", min=1, max=
                     help="Port of the local broker (its controller listens on port + 1).")
 DATA_DIR = typer.Option(None, "--data-dir", envvar="ROLLOUT_BUS_KAFKA_DATA_DIR",
                         help="State directory of the local broker (default: ~/.cache/rollout-bus/broker-PORT).")
+
+# The run's batching (``config.BatchingSettings``): the same flags, help and default for generate, shards,
+# demo and replay; the generator and the shard writer declare them on rollout.run and refuse a mismatch.
+_BATCHING_DEFAULTS = BatchingSettings.model_fields
+GROUPS_PER_BATCH = typer.Option(
+    None, "--groups-per-batch", min=1,
+    help="Prompt groups per trainer batch: in step batching batch k holds group indices [k*G, (k+1)*G) "
+         f"(default {_BATCHING_DEFAULTS['groups_per_batch'].default}; ROLLOUT_BUS_GROUPS_PER_BATCH).")
+BATCHING = typer.Option(
+    None, "--batching",
+    help="step: batch k = groups [k*G, (k+1)*G), replayable; arrival: the first G groups to complete "
+         f"(default {_BATCHING_DEFAULTS['batching'].default}; ROLLOUT_BUS_BATCHING).")
+MAX_STALENESS = typer.Option(
+    None, "--max-staleness", min=0, metavar="K",
+    help="The run's staleness bound (step batching): the generator starts a group of batch k only once the "
+         "live weight version is >= k - K; the shard writer drops an older episode from batch k to the DLQ "
+         "(kind stale) (default: no bound; ROLLOUT_BUS_MAX_STALENESS).")

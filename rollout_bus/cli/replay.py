@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollout_bus.config import BatchingSettings
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.wire.positions import RangeStart, parse_range_start, with_prefix
@@ -70,10 +71,13 @@ def replay(
     announced: bool = typer.Option(True, "--announced/--no-announced",
                                    help="Without --compare, compare with the manifests announced on rollout.shards."),
     partial: bool = typer.Option(False, "--partial", help="Also write batches only partly inside the range."),
-    batching: str | None = typer.Option(None, "--batching", help="step or arrival (default: from the manifests)."),
+    batching: str | None = typer.Option(None, "--batching", help="step or arrival (default: from the manifests, "
+                                        f"else the run default, {BatchingSettings.model_fields['batching'].default})."),
     dp_size: int | None = typer.Option(None, "--dp-size", help="DP ranks (default: from the manifests)."),
-    groups_per_batch: int | None = typer.Option(None, "--groups-per-batch",
-                                                help="Prompt groups per batch (default: inferred from the manifests)."),
+    groups_per_batch: int | None = typer.Option(None, "--groups-per-batch", min=1,
+                                                help="Prompt groups per batch (default: inferred from the manifests, "
+                                                     "else the run default, "
+                                                     f"{BatchingSettings.model_fields['groups_per_batch'].default})."),
     normalization: str | None = typer.Option(None, "--normalization",
                                              help="none, grpo or grpo_std (default: from the manifests)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead of tables."),

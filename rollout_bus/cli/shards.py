@@ -3,8 +3,10 @@
 Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; exit 0 when the
 writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
 Broker outages never end it: the writer waits, logging one line per retry. ``--max-staleness K``
-(or ``ROLLOUT_BUS_MAX_STALENESS``, ``ShardSettings.max_staleness``) turns on the staleness net of step
+(or ``ROLLOUT_BUS_MAX_STALENESS``, ``BatchingSettings.max_staleness``) turns on the staleness net of step
 batching (``rollout_bus.shard_writer.staleness``); the progress line counts the episodes it dropped.
+Before it reads anything, the writer declares its batching on rollout.run (or checks the run's):
+a writer whose batching differs from the run's exits 2 naming the setting.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from rollout_bus.shard_writer.writer import ShardWriter, WriterOptions, WriterSt
 from rollout_bus.shard_writer.writer_lock import WriterLockedError
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
+from rollout_bus.errors import ConfigError
+from rollout_bus.kafka.run_record import check_run_batching, declared_by
 
 console = Console(stderr=True)
 
@@ -37,10 +41,8 @@ def shards(
     topic_prefix: str | None = options.TOPIC_PREFIX,
     out: Path | None = typer.Option(None, "--out", help="Directory for batch-*/dp-*.safetensors + manifest.json."),
     dp_size: int | None = typer.Option(None, "--dp-size", help="Data-parallel ranks: one shard each per batch."),
-    groups_per_batch: int | None = typer.Option(None, "--groups-per-batch", help="Prompt groups per batch."),
-    batching: str | None = typer.Option(None, "--batching",
-                                        help="step: batch k = groups [k*G, (k+1)*G), replayable; "
-                                             "arrival: the first G groups to complete."),
+    groups_per_batch: int | None = options.GROUPS_PER_BATCH,
+    batching: str | None = options.BATCHING,
     group_id: str | None = typer.Option(None, "--group-id", help="Consumer group holding the committed offsets "
                                            "(after the topic prefix)."),
     normalization: str | None = typer.Option(None, "--normalization", help="Rewards: none, grpo or grpo_std."),
@@ -51,10 +53,7 @@ def shards(
                                             help="Exit 0 once the run's end-of-run markers arrived and its last, "
                                                  "partial batch is written and committed."),
     max_batches: int | None = typer.Option(None, "--max-batches", help="Exit 0 after writing this many batches."),
-    max_staleness: int | None = typer.Option(None, "--max-staleness", metavar="K",
-                                             help="Safety net of the staleness bound (step batching): an episode "
-                                                  "whose oldest weight version is below k - K is dropped from "
-                                                  "batch k to the DLQ (kind stale). Default: no net."),
+    max_staleness: int | None = options.MAX_STALENESS,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Read finished episodes, form batches, write DP shards, announce them, then commit."""
@@ -75,6 +74,11 @@ def shards(
                   f"(dp_size={settings.dp_size}, groups_per_batch={settings.groups_per_batch}, "
                   f"batching={settings.batching}"
                   + (f", max_staleness={settings.max_staleness}" if settings.max_staleness is not None else "") + ")")
+    try:
+        check_run_batching(kafka.client_kwargs(), kafka.topics(), settings.declaration(declared_by("shard writer")))
+    except ConfigError as exc:
+        console.print(f"[red]shard writer refused:[/red] {exc}")
+        raise typer.Exit(2) from exc
     with console.status("shards: starting") as status:
         writer = ShardWriter(kafka.client_kwargs(), kafka.topics(), writer_options,
                              on_progress=lambda stats: status.update(_progress_line(stats)))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -33,7 +34,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TopicSpec, Topics
 
 logger = logging.getLogger(__name__)
 
@@ -42,21 +43,22 @@ MAX_MESSAGE_BYTES = "max.message.bytes"
 
 def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_factor: int = 1,
                   extra: dict[str, int] | None = None,
-                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[str]:
+                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, only: Iterable[str] | None = None) -> list[str]:
     """Create every pipeline topic that does not exist yet, and raise the record size limit of those
     that do where it is too small; return the names created.
 
-    ``extra`` maps further topic names to partition counts (tests use it for private topics).
+    ``extra`` maps further topic names to partition counts (tests use it for private topics);
+    ``only`` limits the work to those pipeline topics (a stage that needs one topic of its own).
     """
-    wanted = {spec.name: spec.partitions for spec in topics.specs()}
+    wanted = {spec.name: spec.partitions for spec in topics.specs() if only is None or spec.name in set(only)}
     wanted.update(extra or {})
     configs = topic_config(max_record_bytes)
     admin = new_admin(client_kwargs)
     try:
         existing = set(admin.list_topics())
-        compacted = {spec.name for spec in topics.specs() if spec.compacted}
+        own = {spec.name: _own_config(spec) for spec in topics.specs()}
         missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
-                          "configs": {**configs, **({"cleanup.policy": "compact"} if name in compacted else {})}}
+                          "configs": {**configs, **own.get(name, {})}}
                    for name, partitions in wanted.items() if name not in existing}
         if missing:
             try:
@@ -74,6 +76,15 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         raise BrokerError(f"creating topics at {client_kwargs.get('bootstrap_servers')!r} failed: {exc!r}") from exc
     finally:
         admin.close()
+
+
+def _own_config(spec: TopicSpec) -> dict[str, str]:
+    """What a topic sets beyond the record limits: compaction, or keeping every record."""
+    if spec.compacted:
+        return {"cleanup.policy": "compact"}
+    if spec.kept_forever:
+        return {"retention.ms": "-1", "retention.bytes": "-1"}
+    return {}
 
 
 def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_every_s: float = 10.0,

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollout_bus.config import BatchingSettings
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
@@ -46,7 +47,9 @@ class DemoOptions:
     seed: int = 0
     adapters: str = ""
     n_samples_per_prompt: int = 4
-    groups_per_batch: int = 4
+    # the run's batching, the same object generate and shards settle theirs in (groups per batch, step or
+    # arrival, the staleness bound: with a bound the loop is closed and needs ``train``)
+    batching: BatchingSettings = field(default_factory=BatchingSettings)
     dp_size: int = 2
     out: Path | None = None
     topic_prefix: str | None = None
@@ -55,16 +58,20 @@ class DemoOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES  # the stages read ROLLOUT_BUS_MAX_RECORD_BYTES themselves
     generator_args: list[str] = field(default_factory=list)
     train: bool = False  # also run train-sim on the shards, and check every batch was trained once per rank
-    # the closed loop (needs ``train``): generators wait for the trainer's weights, K steps at most behind
-    max_staleness: int | None = None
     interrupt_prob: float = 0.0  # with max_staleness: share of turns cut when the weights change under them
     stream_workers: int = 1  # stream processes sharing one Faust consumer group: stream, stream-2, ...
+
+
+def batching_args(batching: BatchingSettings) -> list[str]:
+    """The flags that give a stage process this batching (every stage of a run must get the same)."""
+    bound = [] if batching.max_staleness is None else ["--max-staleness", str(batching.max_staleness)]
+    return ["--groups-per-batch", str(batching.groups_per_batch), "--batching", batching.batching, *bound]
 
 
 def _expected_batches(options: DemoOptions) -> int:
     groups = math.ceil(options.episodes / options.n_samples_per_prompt)
     adapters = max(1, len([a for a in options.adapters.split(",") if a.strip()]))
-    return math.ceil(math.ceil(groups / adapters) / options.groups_per_batch)
+    return math.ceil(math.ceil(groups / adapters) / options.batching.groups_per_batch)
 
 
 class DemoRun:
@@ -104,8 +111,7 @@ class DemoRun:
                 "--data-dir", str(self.out / f"faust{suffix}")], logs / f"{name}.log")
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
-            "--groups-per-batch", str(o.groups_per_batch), "--group-id", SHARDS_GROUP_ID,
-            "--exit-on-end-of-run", *(["--max-staleness", str(o.max_staleness)] if o.max_staleness is not None else [])],
+            *batching_args(o.batching), "--group-id", SHARDS_GROUP_ID, "--exit-on-end-of-run"],
             logs / "shards.log")
         if o.train:
             self.stages["train"] = StageProcess("train", "train_sim", [
@@ -117,8 +123,8 @@ class DemoRun:
                     "--n-samples-per-prompt", str(o.n_samples_per_prompt), "--summary-out", str(self.summary_path),
                     *(["--adapters", o.adapters] if o.adapters else []),
                     *(["--inject-faults"] if o.inject_faults else []),
-                    *(["--max-staleness", str(o.max_staleness), "--groups-per-batch", str(o.groups_per_batch),
-                       "--interrupt-prob", str(o.interrupt_prob)] if o.max_staleness is not None else []),
+                    *([*batching_args(o.batching), "--interrupt-prob", str(o.interrupt_prob)]
+                      if o.batching.max_staleness is not None else []),
                     *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
 
@@ -253,9 +259,10 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         for problem in training.problems():
             console.print(f"[red]{problem}[/red]")
         return 1
-    if options.max_staleness is not None:
-        problems, worst = staleness_problems(written_batches(run.out / "shards").values(), options.max_staleness)
-        console.print(f"staleness: at most {worst} steps (bound {options.max_staleness}) over "
+    bound = options.batching.max_staleness
+    if bound is not None:
+        problems, worst = staleness_problems(written_batches(run.out / "shards").values(), bound)
+        console.print(f"staleness: at most {worst} steps (bound {bound}) over "
                       f"{len(written_batches(run.out / 'shards'))} batches; generators waited on rollout.weights")
         for problem in problems:
             console.print(f"[red]{problem}[/red]")

@@ -1,4 +1,4 @@
-"""The one list of topics: what each carries and how it is keyed (PIPELINE.md).
+"""The one list of topics: what each carries and how it is keyed (docs/pipeline.md section 1, WIRE.md section 2).
 
 Stages meet only through these names. A prefix lets several runs share one cluster:
 ``Topics(prefix="run42.")`` names ``run42.rollout.turns`` and so on, and scopes the consumer groups
@@ -24,6 +24,7 @@ class TopicSpec:
     key: str
     partitions: int = 1
     compacted: bool = False
+    kept_forever: bool = False  # retention.ms=-1: a declaration read from its first record must stay
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Topics:
     prefix: str = ""
     turns_partitions: int = 4
     episodes_partitions: int = 4
+
+    @property
+    def run(self) -> str:
+        return f"{self.prefix}rollout.run"
 
     @property
     def turns(self) -> str:
@@ -66,6 +71,9 @@ class Topics:
     def specs(self) -> list[TopicSpec]:
         """Every pipeline topic with its meaning, in data-flow order."""
         return [
+            TopicSpec(self.run, "JSON: the run's batching (groups_per_batch, batching, max_staleness, declared_by), "
+                      "declared by the first stage to start; the first record is the run's (run_record.RunBatching)",
+                      "b'batching'", kept_forever=True),
             TopicSpec(self.turns, "one turn sample per record: encode_samples([turn], COMPUTED_FIELDS + "
                       "SAMPLING_MASK_FIELDS); headers turn, attempt, final, group_size, schema, sent_at",
                       "rollout key (adapter, kind, group_index, id) as a stable string", self.turns_partitions),

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.tools.accounting import Reconciliation
+from rollout_bus.config import BatchingSettings
 from rollout_bus.tools.demo import DemoOptions, DemoRun, written_batches
 from rollout_bus.kafka.reader import TopicWatcher
 
@@ -21,7 +22,8 @@ Drill = Callable[[DemoRun, TopicWatcher], None]
 def run_pipeline(bootstrap: str, out: Path, *, seed: int = 7, episodes: int = 24, drill: Drill | None = None,
                  **options) -> tuple[DemoRun, Reconciliation]:
     """One run on fresh topics; returns the run and its reconciliation (asserting the run finished)."""
-    opts = DemoOptions(episodes=episodes, seed=seed, out=out, n_samples_per_prompt=4, groups_per_batch=2,
+    opts = DemoOptions(episodes=episodes, seed=seed, out=out, n_samples_per_prompt=4,
+                       batching=BatchingSettings(groups_per_batch=2),
                        dp_size=2, timeout_s=240.0, **options)
     run = DemoRun({"bootstrap_servers": bootstrap}, opts, Console(file=io.StringIO()))
     ensure_topics(run.kwargs, run.topics)

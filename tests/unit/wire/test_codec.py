@@ -475,3 +475,13 @@ def test_a_plain_long_response_is_parsed_by_the_fast_path():
     raw = _meta_bytes(payload)
     assert samples_json.load_document(raw) == json.loads(raw)
     assert decode_samples(payload, ALL)[0][0].response == LONG
+
+
+def test_every_sample_field_has_exactly_one_place_on_the_wire():
+    """A field added to ``Sample`` fails here until the codec's tables say how it travels (docs/architecture.md)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(Sample)}
+    tensor, json_doc = set(codec._FIELDS), set(codec._META)
+    assert not tensor & json_doc
+    assert names == tensor | json_doc, (sorted(names - tensor - json_doc), sorted((tensor | json_doc) - names))

@@ -25,6 +25,7 @@ import pytest
 import safetensors
 from jsonschema import Draft202012Validator
 
+from rollout_bus.config import ShardSettings
 from rollout_bus.shard_writer.batcher import Batch, Batcher
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
@@ -532,6 +533,7 @@ def valid_documents(offline) -> dict[str, Any]:
         "batch_skipped": json.loads(offline.skipped[0].value()),
         "batches_ended": json.loads(offline.ended.value()),
         "weight_version": json.loads(WeightVersion(3, 2, SENT_AT_MS).value()),
+        "run_batching": json.loads(ShardSettings().declaration("shard writer@host:12").value()),
     }
 
 
@@ -584,6 +586,9 @@ BROKEN = [
     ("batches_ended", lambda d: d | {"run": None}, "$.run"),
     ("weight_version", lambda d: _without(d, "version"), "$"),
     ("weight_version", lambda d: d | {"step": 1.5}, "$.step"),
+    ("run_batching", lambda d: _without(d, "declared_by"), "$"),
+    ("run_batching", lambda d: d | {"batching": "eager"}, "$.batching"),
+    ("run_batching", lambda d: d | {"max_staleness": -1}, "$.max_staleness"),
 ]
 
 
