@@ -3,11 +3,11 @@
 Contract:
 
 * ``MetricsView.add_metrics(value)`` takes rollout.metrics values in topic order. Window records
-  (``records.window_metrics_record``) arrive as per ``(window, adapter, source partition)`` partials,
-  each holding that partial's full statistics, so the last one of each partial replaces the earlier
-  ones. A window's view merges its partials' ``EpisodeStats`` (``EpisodeStats.merge``) into one
-  per ``(window, adapter)``; partials without ``stats`` are taken as given (their metrics, from
-  the latest such partial). Batch records are kept by batch sequence (a re-announced batch counts
+  (``records.window_metrics_record``) arrive as per ``(window, adapter, source partition)`` partials;
+  a window's view is ``records.fold_window_records`` of them (the last record of each partial, their
+  ``EpisodeStats`` merged in partition order; unreadable ``stats`` are left out). When no partial
+  carries readable ``stats`` the window is taken as given: the latest partial's metrics, the
+  partials' episodes summed. Batch records are kept by batch sequence (a re-announced batch counts
   once); the latest batch is the highest sequence.
 * ``MetricsView.add_dead_letter(letter)`` counts dead letters by ``(stage, kind)``.
 * ``adapter`` filters the view: only that adapter's windows and episodes, the batch metrics scoped
@@ -31,13 +31,11 @@ import json
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, prefixed
+from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, fold_window_records, prefixed
 from rollout_bus.wire.rollout_key import rollout_key_adapter
 
 logger = logging.getLogger(__name__)
@@ -73,38 +71,21 @@ def staleness_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     return [rows[a] for a in sorted(rows, key=lambda a: (a is not None, a or ""))]
 
 
-@dataclass
-class _Partial:
-    """The latest record of one (window, adapter, partition)."""
-
-    episodes: int
-    closed: bool
-    metrics: dict[str, Any]
-    stats: str | None
-    seen: int  # the record number it arrived as
-
-
-@dataclass
-class _Window:
-    partials: dict[int | None, _Partial] = field(default_factory=dict)
-
-
 class MetricsView:
     """Folds metrics and dead-letter records into the latest windows, batches and DLQ counts."""
 
     def __init__(self, adapter: str | None = None, *, keep_windows: int = 4) -> None:
         self.adapter = adapter
         self.keep_windows = keep_windows
-        self._windows: dict[WindowId, _Window] = {}
+        # per window, the last record of each source partition's partial, the latest arrival last
+        self._windows: dict[WindowId, dict[int | None, dict[str, Any]]] = {}
         self._episodes: dict[tuple[WindowId, int | None], int] = {}  # kept after a window is pruned
         self._batches: dict[int, dict[str, Any]] = {}
         self._dlq: Counter[tuple[str, str]] = Counter()
-        self._seen = 0
         self.skipped = 0
 
     def add_metrics(self, value: bytes | str | None) -> None:
         """One rollout.metrics record value; unreadable ones are counted in ``skipped``."""
-        self._seen += 1
         try:
             doc = json.loads(value) if value is not None else None
             if not isinstance(doc, dict):
@@ -125,10 +106,12 @@ class MetricsView:
             return
         wid = (int(doc["window"]["start_ms"]), int(doc["window"]["end_ms"]), adapter)
         partition = int(doc["partition"]) if doc.get("partition") is not None else None
-        partial = _Partial(int(doc["episodes"]), bool(doc["closed"]), dict(doc["metrics"]), doc.get("stats"),
-                           self._seen)
-        self._windows.setdefault(wid, _Window()).partials[partition] = partial
-        self._episodes[(wid, partition)] = partial.episodes
+        partial = {**doc, "episodes": int(doc["episodes"]), "closed": bool(doc["closed"]),
+                   "metrics": dict(doc["metrics"])}
+        partials = self._windows.setdefault(wid, {})
+        partials.pop(partition, None)  # the latest arrival last
+        partials[partition] = partial
+        self._episodes[(wid, partition)] = partial["episodes"]
         self._prune(adapter)
 
     def _prune(self, adapter: str | None) -> None:
@@ -161,24 +144,16 @@ class MetricsView:
         return [self._window_view(wid) for wid in order]
 
     def _window_view(self, wid: WindowId) -> dict[str, Any]:
-        partials = self._windows[wid].partials
-        with_stats = [p.stats for _, p in sorted(partials.items(), key=_partition_order) if p.stats is not None]
-        merged = None
-        for text in with_stats:
-            try:
-                stats = EpisodeStats.from_json(text)
-            except ContractError as exc:
-                logger.debug("unreadable window stats: %s", exc)
-                continue
-            merged = stats if merged is None else merged.merge(stats)
-        if merged is not None:
-            metrics, episodes = prefixed(merged.metrics()), merged.episodes
+        (fold,) = fold_window_records(self._windows[wid].values(), order="partition", strict=False).values()
+        if fold.unmerged:
+            logger.debug("window=%d-%d adapter=%s: %d partials without readable stats", *wid, fold.unmerged)
+        if fold.stats is not None:
+            metrics, episodes = prefixed(fold.stats.metrics()), fold.stats.episodes
         else:
-            latest = max(partials.values(), key=lambda p: p.seen)
-            metrics, episodes = latest.metrics, sum(p.episodes for p in partials.values())
+            metrics, episodes = fold.latest["metrics"], sum(p["episodes"] for p in fold.partials.values())
         return {"window": {"start_ms": wid[0], "end_ms": wid[1]}, "adapter": wid[2], "episodes": episodes,
-                "closed": all(p.closed for p in partials.values()),
-                "partitions": sorted((p for p in partials if p is not None)), "metrics": metrics}
+                "closed": fold.closed, "partitions": sorted(p for p in fold.partials if p is not None),
+                "metrics": metrics}
 
     def episodes_by_adapter(self) -> list[dict[str, Any]]:
         totals: Counter[str | None] = Counter()
@@ -209,6 +184,3 @@ class MetricsView:
             "skipped": self.skipped,
         }
 
-
-def _partition_order(item: tuple[int | None, _Partial]) -> tuple[bool, int]:
-    return item[0] is not None, item[0] or 0

@@ -3,10 +3,11 @@
 Contract:
 
 * ``fold_windows(docs)`` turns rollout.metrics window records (parsed JSON, topic order) into one
-  ``WindowPoint`` per ``(window, adapter)``: the last record of each ``(window, adapter, source
-  partition)`` is that partial's full state; partials merge exactly through their ``EpisodeStats``
-  JSON. A record without ``stats`` is shown from its own metrics when it is the window's only
-  partial, and is otherwise left out (logged): metrics alone cannot be merged exactly.
+  ``WindowPoint`` per ``(window, adapter)``: ``records.fold_window_records`` (the last record of each
+  source partition's partial, their ``EpisodeStats`` merged in the order the partitions first
+  appeared; unreadable ``stats`` raise ``ContractError``). A record without ``stats`` is shown from
+  its own metrics when it is the window's only partial, and is otherwise left out (logged): metrics
+  alone cannot be merged exactly.
 * ``fold_batches(announcements, manifests, batch_docs)`` gives one ``BatchRow`` per batch seq from
   the rollout.shards announcements and the manifests on disk (the same document; disk wins), and
   from rollout.metrics batch records for a batch neither holds (samples and staleness only). A
@@ -38,6 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.observe.metrics_view import staleness_rows
+from rollout_bus.wire.records import WindowFold, fold_window_records
 from rollout_bus.wire.rollout_key import rollout_key_adapter
 from rollout_bus.wire.topics import Topics
 
@@ -145,38 +147,24 @@ def _point(window: tuple[int, int], adapter: str | None, episodes: int, closed: 
                        _metric(metrics, adapter, "episode_raw_reward"))
 
 
-def _fold_partials(window: tuple[int, int], adapter: str | None, partials: list[dict]) -> WindowPoint:
-    """One window of one adapter from its per-partition partials (see the module contract)."""
-    closed = all(bool(doc.get("closed")) for doc in partials)
-    with_stats = [doc for doc in partials if "stats" in doc]
-    if len(with_stats) < len(partials):
-        if len(partials) == 1:
-            doc = partials[0]
-            return _point(window, adapter, int(doc.get("episodes", 0)), closed, doc.get("metrics", {}))
+def _window_point(fold: WindowFold) -> WindowPoint:
+    """One window of one adapter from its folded partials (see the module contract)."""
+    window, adapter = (fold.start_ms, fold.end_ms), fold.adapter
+    if fold.unmerged:
+        if len(fold.partials) == 1:
+            return _point(window, adapter, int(fold.latest.get("episodes", 0)), fold.closed,
+                          fold.latest.get("metrics", {}))
         logger.warning("window=%d-%d adapter=%s: %d partials without stats left out", *window, adapter,
-                       len(partials) - len(with_stats))
-    merged = EpisodeStats()
-    for doc in with_stats:
-        merged = merged.merge(EpisodeStats.from_json(doc["stats"]))
-    return _point(window, adapter, merged.episodes, closed, merged.metrics())
+                       fold.unmerged)
+    merged = fold.stats if fold.stats is not None else EpisodeStats()
+    return _point(window, adapter, merged.episodes, fold.closed, merged.metrics())
 
 
 def fold_windows(docs: Iterable[Mapping[str, Any]]) -> list[WindowPoint]:
     """Window records in topic order -> one point per (window, adapter), by window then adapter."""
-    latest: dict[tuple[int, int, str | None, int], dict] = {}
-    for doc in docs:
-        if not isinstance(doc, Mapping) or doc.get("kind") != "window":
-            continue
-        try:
-            window = (int(doc["window"]["start_ms"]), int(doc["window"]["end_ms"]))
-        except (KeyError, TypeError, ValueError):
-            continue
-        latest[(*window, doc.get("adapter"), int(doc.get("partition", -1)))] = dict(doc)
-    grouped: dict[tuple[int, int, str | None], list[dict]] = defaultdict(list)
-    for (start, end, adapter, _partition), doc in latest.items():
-        grouped[(start, end, adapter)].append(doc)
-    order = sorted(grouped, key=lambda k: (k[0], k[2] is not None, k[2] or ""))
-    return [_fold_partials((k[0], k[1]), k[2], grouped[k]) for k in order]
+    folds = fold_window_records((doc for doc in docs if isinstance(doc, Mapping)), order="arrival")
+    order = sorted(folds, key=lambda k: (k[0], k[2] is not None, k[2] or ""))
+    return [_window_point(folds[k]) for k in order]
 
 
 def _int_or_none(value: Any) -> int | None:

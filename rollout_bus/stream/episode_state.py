@@ -4,8 +4,9 @@ Contract:
 
 * An episode (one rollout key) has at most one small ``EpisodeIndex``: the attempt being
   collected, the next turn expected, and whether the episode is finished. Turn payloads are not
-  in the index: each is stored once under ``turn_key(key, attempt, turn)`` and read back only
-  when the final turn arrives, so the state written per turn is constant-size.
+  in the index: each is stored once under ``turn_key(key, attempt, turn)`` (``stored_turn``: its
+  source offset and sent_at, then the payload) and read back only when the final turn arrives, so
+  the state written per turn is constant-size.
 * ``decide(index, headers)`` says what to do with one turn record:
 
   - ``STORE`` the turn (or ``EMIT`` the episode when the turn is final), with the index to write;
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import copy
 import json
+import struct
 from dataclasses import dataclass
 from enum import Enum
 
+from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.wire.dead_letter import DlqKind
 from rollout_bus.wire.headers import TurnHeaders
@@ -68,7 +71,7 @@ class EpisodeIndex:
         values = [self.attempt, self.next_turn, int(self.finished), self.group_size]
         if self.final_offset >= 0:
             values += [self.partition, self.final_offset]
-        return json.dumps(values, separators=(",", ":")).encode()
+        return compact_json(values)  # a list: key order does not arise
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
@@ -106,6 +109,21 @@ def index_key(rollout_key: bytes) -> bytes:
 def turn_key(rollout_key: bytes, attempt: int, turn: int) -> bytes:
     """State-table key of one stored turn payload."""
     return b"t|%d|%d|" % (attempt, turn) + rollout_key
+
+
+_STORED = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
+
+
+def stored_turn(offset: int, sent_at_ms: int, payload: bytes) -> bytes:
+    """State-table value of one stored turn: a 16-byte prefix (its source offset and sent_at), then
+    the raw payload, stored once."""
+    return _STORED.pack(offset, sent_at_ms) + payload
+
+
+def parse_stored_turn(raw: bytes) -> tuple[int, int, bytes]:
+    """(source offset, sent_at_ms, payload) of a ``stored_turn`` value."""
+    offset, sent_at = _STORED.unpack_from(raw)
+    return offset, sent_at, raw[_STORED.size:]
 
 
 def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None) -> Decision:

@@ -7,7 +7,7 @@ Contract:
   crash the recovered state is a prefix of the writes. The writes of a batch are handed to the
   producer before its records are acknowledged, so the offset commit flushes them. Keys
   (``episode_state`` / ``windows``): ``e|key`` episode index, ``t|attempt|turn|key`` one turn
-  (16-byte prefix: source offset and sent_at, then the raw payload, stored once),
+  (``episode_state.stored_turn``: source offset and sent_at, then the raw payload, stored once),
   ``w|partition|start|adapter`` a window entry,
   ``c|partition`` the partition's closed-until time, ``o|partition`` the next source offset to
   process (written last for every batch, so the recovered state says which records it holds:
@@ -24,37 +24,19 @@ Contract:
   position. A crash between them re-emits the episode on replay (same key and attempt) and never
   loses one; the window entry's recorded offset keeps a replayed final from being counted twice,
   and a replayed final of a finished episode deletes stored turns the crash left behind.
-* Finals are pipelined: the worker goes on with other records while episode records are in
-  flight, and ``drain()`` applies the deferred effects once they are acknowledged (at the end of
-  each batch, before any record of an in-flight episode's key, before a window closes, at
-  ``MAX_IN_FLIGHT``, and on the app's short timer). Until then the partition's recorded position
-  stays where it was before the oldest in-flight final, so a crash replays from there (the later
-  records' effects are idempotent).
-* Every record ends in exactly one outcome, counted in ``Outcomes``; rejected records go to
-  rollout.dlq as ``DeadLetter``s. Only errors of the record itself (``ValueError``s: decode,
-  headers, validation, merge) are caught; anything else propagates to the caller.
-* An episode that will never be emitted is said so on rollout.episodes with an ``abandoned``
-  control record (``records.Abandoned``, keyed by the rollout key): when its final turn is
-  dead-lettered (what is stored of it goes to the DLQ too, kind ``abandoned``), when it cannot be
-  merged, and when its episode record is over the size limit. The shard writer then completes the
-  group without it, from the log alone. The episode is marked finished like an emitted one.
-* Record sizes: an episode record the producer or broker refuses for its size is dead-lettered by
-  reference (value null, kind ``too_large``, the final turn's source and the offsets of its turns
-  in the reason) and abandoned; a dead-letter copy too large to write goes by reference too.
-  Never fatal.
+* Finals are pipelined (``rollout_bus.stream.in_flight``): ``drain()`` applies their deferred effects
+  once acknowledged; until then the partition's recorded position stays before the oldest of them.
+* Every record ends in exactly one outcome, counted in ``Outcomes``. Rejected records go to
+  rollout.dlq, and an episode that will never be emitted (its final turn dead-lettered, unmergeable,
+  or over the size limit) is abandoned: ``rollout_bus.stream.rejections``. Only errors of the record
+  itself (``ValueError``s: decode, headers, validation, merge) are caught; anything else propagates.
 * An ``end-of-run`` control record (``records.EndOfRun``) on a turns partition is forwarded, once
   every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
   partition it came from.
-* A turn on the wrong rollout.turns partition for its key (a producer not using Kafka's default
-  murmur2 partitioner: librdkafka's default is CRC32-based) would split its episode between two
-  workers. It is re-routed instead: the same key, value and headers, plus ``rerouted-from``
-  (``topic:partition:offset``), to ``partitioning.partition_for(key)``, acknowledged before its own
-  position moves on; a crash re-sends it and the copy is ignored there as a duplicate turn. A record
-  that was already re-routed once and is still misplaced (the partition count changed under it) is
-  dead-lettered (kind ``partition``) rather than sent round again. Only well-formed rollout keys are
-  re-routed; any other record takes the usual path to its outcome where it is. An offline replay
-  (``reroute=False``) holds every partition in one table: it merges a misplaced turn where it finds
-  it, and the re-routed copy is then a duplicate.
+* A turn on the wrong rollout.turns partition for its key is re-routed to its key's partition
+  (``rollout_bus.stream.reroute`` says why and how), acknowledged before its own position moves on.
+  An offline replay (``reroute=False``) holds every partition in one table: it merges a misplaced
+  turn where it finds it, and the re-routed copy is then a duplicate.
 * Finished markers are pruned once the partition's recorded position is ``finished_retention``
   records past their final turn (``rollout_bus.stream.finished_markers`` says why that loses nothing).
 * Rebalances: ``pause()`` waits for the record in hand, drains the in-flight finals and closes the
@@ -64,38 +46,33 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import struct
 import time
 from collections import Counter
-from dataclasses import dataclass
+from functools import partial
 from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Any, Protocol
 
 from rollout_bus.wire.codec import decode_samples
-from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage
+from rollout_bus.wire.dead_letter import DlqKind
 from rollout_bus.errors import ContractError, RecordTooLargeError
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, EpisodeInfo, encode_episode
 from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
-from rollout_bus.wire.rollout_key import parse_rollout_key
-from rollout_bus.wire.partitioning import partition_for
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.topics import Topics
-from rollout_bus.wire.headers import HEADER_REROUTED_FROM
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
-                                   share_final_reward, turn_key)
+                                              parse_stored_turn, share_final_reward, stored_turn, turn_key)
 from rollout_bus.stream.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
+from rollout_bus.stream.in_flight import Final, InFlight
+from rollout_bus.stream.rejections import Rejections, StoredTurn
+from rollout_bus.stream.reroute import home_partition, reroute_turn
 from rollout_bus.stream.state import ChangelogState
 from rollout_bus.stream.state_gate import StateGate
 from rollout_bus.stream.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from rollout_bus.stream.window_metrics import WindowMetrics
 
 logger = logging.getLogger(__name__)
-
-STAGE = DlqStage.STREAM
-_PREFIX = struct.Struct(">qq")  # source offset, sent_at_ms of a stored turn
 
 
 class Sender(Protocol):
@@ -107,22 +84,6 @@ class Sender(Protocol):
     async def __call__(self, topic: str, key: bytes | None, value: bytes | None,
                        headers: list[tuple[str, bytes]], *, wait: bool,
                        partition: int | None = None) -> Awaitable[Any] | None: ...
-
-
-MAX_IN_FLIGHT = 256  # finals whose episode records may be unacknowledged at once
-
-
-@dataclass
-class _InFlight:
-    """A final whose episode record is sent; ``effects`` run once the broker acknowledges it,
-    ``too_large`` instead when the broker refuses the record for its size."""
-
-    partition: int
-    key: bytes
-    delivery: Awaitable[Any] | None
-    count: Callable[[], None]  # into its window entry (written once per drain, before any finished marker)
-    finish: Callable[[], None]  # the finished marker; the stored turns forgotten
-    too_large: Callable[[BaseException], Awaitable[None]]
 
 
 class Fetch(Protocol):
@@ -163,8 +124,8 @@ class TurnProcessor:
         self._last_seen: dict[int, float] = {}
         self.outcomes = Outcomes()
         self.windows = WindowMetrics(table, send, topics, self.outcomes, window_ms=window_ms, grace_ms=grace_ms)
-        self._in_flight: list[_InFlight] = []
-        self._in_flight_keys: set[bytes] = set()
+        self.rejects = Rejections(table, send, topics, self.outcomes, finish=self._finish, forget=self._delete)
+        self._in_flight = InFlight()
         self._next_offset: dict[int, int] = {}  # ahead of the recorded position until it is written
         self._written_position: dict[int, int] = {}
         self._decoded: dict[bytes, Sample] = {}  # stored turns as parsed on arrival: no second decode to merge
@@ -173,7 +134,6 @@ class TurnProcessor:
         """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
         self.windows.forget()
         self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
-        self._in_flight_keys.clear()
         self._next_offset.clear()
         self._written_position.clear()
         self._decoded.clear()
@@ -224,19 +184,11 @@ class TurnProcessor:
         """Await every in-flight episode record, then apply their deferred effects in order."""
         if not self._in_flight:
             return
-        in_flight, self._in_flight = self._in_flight, []
-        self._in_flight_keys.clear()
-        sent = [f for f in in_flight if f.delivery is not None]
-        results = dict(zip(map(id, sent), await asyncio.gather(*(f.delivery for f in sent), return_exceptions=True)))
-        for result in results.values():  # any other failed delivery: the worker crashes and replays
-            if isinstance(result, BaseException) and not isinstance(result, RecordTooLargeError):
-                raise result
         counted = []
-        for final in in_flight:
+        for final, refused in await self._in_flight.settle():
             self.table.bind(final.partition)
-            result = results.get(id(final))
-            if isinstance(result, RecordTooLargeError):
-                await final.too_large(result)
+            if refused is not None:
+                await final.too_large(refused)
             else:
                 final.count()
                 counted.append(final)
@@ -281,7 +233,7 @@ class TurnProcessor:
             await self.table.flush()
 
     async def _handle(self, record: TurnRecord) -> None:
-        if record.key in self._in_flight_keys or len(self._in_flight) >= MAX_IN_FLIGHT:
+        if self._in_flight.must_drain(record.key):
             await self.drain()
         self.table.bind(record.partition)
         expected = self._position(record.partition)
@@ -311,8 +263,9 @@ class TurnProcessor:
         """The record's outcome, the windows it made due, then its position (the caller flushes the state)."""
         self.windows.of(record.partition).observe(record.timestamp_ms)
         control = control_kind(record.headers)
-        if control is None and self._misrouted(record):
-            await self._reroute(record)
+        home = home_partition(record, self.turns_partitions) if control is None and self.reroute else None
+        if home is not None:
+            await self._reroute(record, home)
         elif control is None:
             await self._turn(record)
         else:
@@ -323,7 +276,7 @@ class TurnProcessor:
     def _write_positions(self) -> None:
         """Record each partition's next offset, written last for what the state holds of it; a partition
         with finals in flight keeps the position it had before the oldest of them until they are drained."""
-        held = {f.partition for f in self._in_flight}
+        held = self._in_flight.partitions()
         for partition in sorted(p for p in self._next_offset if p not in held):
             position = self._next_offset[partition]
             if position != self._written_position.get(partition):
@@ -332,36 +285,14 @@ class TurnProcessor:
                 self._written_position[partition] = position
                 self._prune_finished(partition, position)
 
-    def _misrouted(self, record: TurnRecord) -> bool:
-        """Whether a turn with a well-formed rollout key is on another partition than its key's."""
-        if not self.reroute or record.key is None \
-                or partition_for(record.key, self.turns_partitions) == record.partition:
-            return False
-        try:
-            parse_rollout_key(record.key)
-        except ContractError:
-            return False
-        return True
-
-    async def _reroute(self, record: TurnRecord) -> None:
+    async def _reroute(self, record: TurnRecord, home: int) -> None:
         """Send a misplaced turn on to its key's partition, where the worker owning its episode merges it."""
         self.outcomes["turns_received"] += 1
-        home = partition_for(record.key, self.turns_partitions)
-        if any(name == HEADER_REROUTED_FROM for name, _ in record.headers):
-            await self._dead_letter(record, DlqKind.PARTITION, (
-                f"re-routed once already and still not on partition {home} of {self.turns_partitions}, the one "
-                f"murmur2 of its key gives (did the topic's partition count change?)"))
-            return
-        headers = [*record.headers, (HEADER_REROUTED_FROM, record.source.encode())]
-        try:
-            await self.send(record.topic, record.key, record.value, headers, wait=True, partition=home)
-        except RecordTooLargeError as exc:
-            await self._dead_letter(record, DlqKind.PARTITION, f"on partition {record.partition}, not {home} as murmur2 "
-                                                         f"of its key gives, and too large to re-route: {exc}")
-            return
-        self.outcomes["turns_rerouted"] += 1
-        logger.info("re-routed %s to partition %d (its key's under murmur2; was the producer's partitioner "
-                    "murmur2?)", record.source, home)
+        reason = await reroute_turn(record, home, self.turns_partitions, self.send)
+        if reason is None:
+            self.outcomes["turns_rerouted"] += 1
+        else:
+            await self.rejects.dead_letter(record, DlqKind.PARTITION, reason)
 
     async def _turn(self, record: TurnRecord) -> None:
         """One turn record to its outcome; a dead-lettered final turn abandons its episode."""
@@ -378,22 +309,23 @@ class TurnProcessor:
                     self._delete(turn_key(record.key, headers.attempt, turn))
             await self._apply(decision, record, headers, sample)
         except Rejected as rejected:
-            await self._dead_letter(record, rejected.kind, rejected.reason)
+            await self.rejects.dead_letter(record, rejected.kind, rejected.reason)
             if headers is not None and headers.final:
-                await self._abandon(record, headers, rejected.kind, rejected.reason)
+                await self.rejects.abandon(record, headers, rejected.kind, rejected.reason)
 
     async def _control(self, record: TurnRecord, control: str) -> None:
         """An end-of-run marker is forwarded to every rollout.episodes partition, after every
         episode of its partition is acknowledged (so a reader that sees it has seen them all)."""
         self.outcomes["control_records"] += 1
         if control != CONTROL_END_OF_RUN:
-            await self._dead_letter(record, DlqKind.CONTROL, f"control record {control!r} is not one rollout.turns "
-                                                       f"carries (expected {CONTROL_END_OF_RUN!r})")
+            await self.rejects.dead_letter(record, DlqKind.CONTROL, f"control record {control!r} is not one "
+                                                                    f"rollout.turns carries (expected "
+                                                                    f"{CONTROL_END_OF_RUN!r})")
             return
         try:
             marker = EndOfRun.from_value(record.value)
         except ContractError as exc:
-            await self._dead_letter(record, DlqKind.CONTROL, str(exc))
+            await self.rejects.dead_letter(record, DlqKind.CONTROL, str(exc))
             return
         await self.drain()
         self.table.bind(record.partition)
@@ -419,9 +351,8 @@ class TurnProcessor:
             self.outcomes["superseded_attempts"] += 1
             self.outcomes["superseded_turns_discarded"] += decision.discard_turns
         if decision.action is Action.STORE:
-            stored = _PREFIX.pack(record.offset, headers.sent_at_ms) + (record.value or b"")
             key = turn_key(record.key, headers.attempt, headers.turn)
-            self.table[key] = stored
+            self.table[key] = stored_turn(record.offset, headers.sent_at_ms, record.value or b"")
             self._decoded[key] = sample
             self.table[index_key(record.key)] = decision.index.to_bytes()
             self.outcomes["turns_stored"] += 1
@@ -434,15 +365,14 @@ class TurnProcessor:
         if key in self.table:
             del self.table[key]
 
-    def _stored_turns(self, key: bytes, attempt: int, count: int) -> list[tuple[int, int, bytes]]:
+    def _stored_turns(self, key: bytes, attempt: int, count: int) -> list[StoredTurn]:
         """(offset, sent_at_ms, payload) of the stored turns 0..count-1 of an attempt."""
         found = []
         for turn in range(count):
             raw = self.table.get(turn_key(key, attempt, turn))
             if raw is None:
                 raise ContractError(f"stored turn {turn} of attempt {attempt} is missing from the state table")
-            offset, sent_at = _PREFIX.unpack_from(raw)
-            found.append((offset, sent_at, raw[_PREFIX.size:]))
+            found.append(parse_stored_turn(raw))
         return found
 
     def _stored_sample(self, key: bytes, attempt: int, turn: int, payload: bytes) -> Sample:
@@ -461,21 +391,12 @@ class TurnProcessor:
                      for turn, (_, _, payload) in enumerate(stored)] + [final]
             segments = share_final_reward(merge_samples(turns), final)
         except ValueError as exc:
-            await self._reject_episode(index, record, headers, stored, f"episode cannot be merged: {exc}")
+            await self.rejects.reject_episode(index, record, headers, stored, f"episode cannot be merged: {exc}")
             return
         info = EpisodeInfo(attempt=headers.attempt, turns=headers.turn + 1, group_size=headers.group_size,
                            final_sent_at_ms=headers.sent_at_ms, event_time_ms=record.timestamp_ms)
         value = encode_episode(segments, info)
-
-        async def too_large(exc: BaseException) -> None:
-            reason = (f"episode record of {len(value)} bytes is over the size limit ({exc}); dead-lettered by "
-                      f"reference: its turns are at {record.topic}:{record.partition} offsets "
-                      f"{[offset for offset, _, _ in stored] + [record.offset]}")
-            await self._dead_letter(record, DlqKind.TOO_LARGE, reason, by_reference=True)
-            await self._send_abandoned(record, headers, DlqKind.TOO_LARGE, reason)
-            self._finish(index, record.key, headers, record)
-            self.outcomes["episodes_too_large"] += 1
-
+        too_large = partial(self.rejects.too_large, index, record, headers, stored, len(value))
         try:
             delivery = await self.send(self.topics.episodes, record.key, value, info.headers(), wait=False)
         except RecordTooLargeError as exc:
@@ -492,8 +413,7 @@ class TurnProcessor:
         def finish() -> None:
             self._finish(index, record.key, headers, record)
 
-        self._in_flight.append(_InFlight(record.partition, record.key, delivery, count, finish, too_large))
-        self._in_flight_keys.add(record.key)
+        self._in_flight.add(Final(record.partition, record.key, delivery, count, finish, too_large))
 
     def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders, final: TurnRecord) -> None:
         """Leave the finished marker (where the final turn was, for pruning); forget the stored turns."""
@@ -501,44 +421,6 @@ class TurnProcessor:
         self.markers.add(final.partition, final.offset, key)
         for turn in range(headers.turn):
             self._delete(turn_key(key, headers.attempt, turn))
-
-    async def _abandon(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
-        """A dead-lettered final turn ends its episode: what is stored of it goes to the DLQ too, and an
-        ``abandoned`` record tells the shard writer the episode will never come (its group completes
-        without it). Nothing happens for an episode already finished, or a key that names no group."""
-        try:
-            parse_rollout_key(record.key)
-        except ContractError:
-            logger.warning("final turn at %s names no rollout group: no abandoned record", record.source)
-            return
-        raw = self.table.get(index_key(record.key))
-        index = EpisodeIndex.from_bytes(raw) if raw is not None else None
-        if index is not None and index.finished:
-            return
-        if index is not None:
-            why = f"episode abandoned: its final turn ({record.source}) was dead-lettered ({kind}): {reason}"
-            for turn in range(index.next_turn):
-                stored = self.table.get(turn_key(record.key, index.attempt, turn))
-                if stored is not None:
-                    await self._dead_letter(self._stored_record(record, index.attempt, turn, stored, headers),
-                                            DlqKind.ABANDONED, why)
-                    self._delete(turn_key(record.key, index.attempt, turn))
-        await self._send_abandoned(record, headers, kind, reason)
-        opened = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size)
-        self._finish(opened, record.key, headers, record)
-
-    async def _send_abandoned(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
-        marker = Abandoned(headers.attempt, headers.group_size, kind, reason[:MAX_REASON_CHARS], record.source)
-        await self.send(self.topics.episodes, record.key, marker.value(), marker.headers(), wait=True)
-        self.outcomes["episodes_abandoned"] += 1
-
-    @staticmethod
-    def _stored_record(final: TurnRecord, attempt: int, turn: int, stored: bytes, headers: TurnHeaders) -> TurnRecord:
-        """A stored turn as the record it came from (for the DLQ)."""
-        offset, sent_at = _PREFIX.unpack_from(stored)
-        original = TurnHeaders(turn, attempt, False, headers.group_size, sent_at).to_kafka()
-        return TurnRecord(final.key, stored[_PREFIX.size:], original, final.topic, final.partition, offset,
-                          final.timestamp_ms)
 
     def _prune_finished(self, partition: int, position: int) -> None:
         """Delete finished markers far behind the partition's recorded position (``finished_markers``)."""
@@ -555,37 +437,9 @@ class TurnProcessor:
                 self._delete(index_key(key))
                 self.outcomes["finished_markers_pruned"] += 1
 
-    async def _reject_episode(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders,
-                              stored: list[tuple[int, int, bytes]], reason: str) -> None:
-        """Every turn of an unmergeable episode goes to the DLQ; the episode is abandoned and marked finished."""
-        for turn, (offset, sent_at, payload) in enumerate(stored):
-            original = TurnHeaders(turn, headers.attempt, False, headers.group_size, sent_at).to_kafka()
-            await self._dead_letter(TurnRecord(record.key, payload, original, record.topic, record.partition,
-                                               offset, record.timestamp_ms), DlqKind.MERGE, reason)
-        await self._dead_letter(record, DlqKind.MERGE, reason)
-        await self._send_abandoned(record, headers, DlqKind.MERGE, reason)
-        self._finish(index, record.key, headers, record)
-
     async def _close_due(self, partition: int) -> None:
         """Close the windows the watermark passed; in-flight finals are counted in their windows first."""
         if self._in_flight and self.windows.any_due(partition):
             await self.drain()
             self.table.bind(partition)
         await self.windows.close_due(partition)
-
-    async def _dead_letter(self, record: TurnRecord, kind: str, reason: str, *, by_reference: bool = False) -> None:
-        """The record, with why, to the DLQ; one too large to copy goes by reference (value null, kind
-        ``too_large``, the original at ``dlq.source``)."""
-        value = None if by_reference else record.value
-        letter = DeadLetter(record.key, value, list(record.headers), reason, STAGE, kind, record.source)
-        try:
-            await self.send(self.topics.dlq, record.key, value, letter.record_headers(), wait=True)
-        except RecordTooLargeError as exc:
-            if by_reference:
-                raise
-            size = len(record.value or b"")
-            await self._dead_letter(record, DlqKind.TOO_LARGE, f"too large to copy ({size} bytes: {exc}); the original is "
-                                                         f"at {record.source}; {kind}: {reason}", by_reference=True)
-            return
-        self.outcomes[f"dlq.{kind}"] += 1
-        logger.warning("dead letter kind=%s source=%s reason=%s", kind, record.source, reason[:300])

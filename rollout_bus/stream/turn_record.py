@@ -47,7 +47,7 @@ class Rejected(Exception):
 
 
 def parse_headers(record: TurnRecord) -> TurnHeaders:
-    """The turn headers of a record; ``_Rejected`` says what is wrong."""
+    """The turn headers of a record; ``Rejected`` says what is wrong."""
     if not record.key:
         raise Rejected(DlqKind.KEY, "record has no key (expected the rollout key)")
     try:
@@ -57,7 +57,7 @@ def parse_headers(record: TurnRecord) -> TurnHeaders:
 
 
 def parse_sample(record: TurnRecord) -> Sample:
-    """The one turn sample of a record, checked against its key; ``_Rejected`` says what is wrong."""
+    """The one turn sample of a record, checked against its key; ``Rejected`` says what is wrong."""
     try:
         samples, _ = decode_samples(record.value if record.value is not None else b"", TURN_FIELDS)
     except CodecError as exc:

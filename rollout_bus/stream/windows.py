@@ -12,18 +12,18 @@ Contract:
   and deleted). A window is due to close once ``watermark >= end + grace``; a final turn whose
   window is already closed is late: it is counted as such and left out of every window.
 * ``window_record(entry, closed)`` is the rollout.metrics value: ``window_metrics_record`` plus
-  the partition, the offset and the ``EpisodeStats`` JSON, so that ``merge_window_records`` can
-  rebuild each window's statistics from the per-partition partials (the last record per
+  the partition, the offset and the ``EpisodeStats`` JSON, so that ``records.fold_window_records``
+  can rebuild each window's statistics from the per-partition partials (the last record per
   ``(window, adapter, partition)`` wins, in topic order).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.wire.records import window_metrics_record
@@ -74,9 +74,8 @@ class WindowEntry:
         return True
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"start_ms": self.start_ms, "end_ms": self.end_ms, "adapter": self.adapter,
-                           "partition": self.partition, "offset": self.offset, "stats": self.stats.to_json()},
-                          sort_keys=True, separators=(",", ":")).encode()
+        return compact_json({"start_ms": self.start_ms, "end_ms": self.end_ms, "adapter": self.adapter,
+                             "partition": self.partition, "offset": self.offset, "stats": self.stats.to_json()})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "WindowEntry":
@@ -125,29 +124,3 @@ def window_record_key(entry: WindowEntry) -> bytes:
     """Record key on rollout.metrics: the window id."""
     return b"window:%d-%d" % (entry.start_ms, entry.end_ms)
 
-
-def merge_window_records(records: Iterable[bytes | str | Mapping[str, Any]]) -> dict[tuple[Window, str | None],
-                                                                                     EpisodeStats]:
-    """Each window's statistics per adapter, merged over source partitions.
-
-    ``records`` are rollout.metrics values (bytes, str or parsed) in topic order; records of other
-    kinds are skipped. The last record of each ``(window, adapter, partition)`` holds that
-    partial's full statistics, so later ones replace earlier ones.
-    """
-    latest: dict[tuple[Window, str | None, int], EpisodeStats] = {}
-    for record in records:
-        doc = json.loads(record) if isinstance(record, (bytes, str)) else record
-        if doc.get("kind") != "window" or "stats" not in doc:
-            continue
-        window = (int(doc["window"]["start_ms"]), int(doc["window"]["end_ms"]))
-        latest[(window, doc["adapter"], int(doc["partition"]))] = EpisodeStats.from_json(doc["stats"])
-    merged: dict[tuple[Window, str | None], EpisodeStats] = {}
-    for (window, adapter, _partition), stats in sorted(latest.items(), key=lambda item: _order(item[0])):
-        previous = merged.get((window, adapter))
-        merged[(window, adapter)] = stats if previous is None else previous.merge(stats)
-    return merged
-
-
-def _order(key: tuple[Window, str | None, int]) -> tuple:
-    window, adapter, partition = key
-    return window, adapter is not None, adapter or "", partition

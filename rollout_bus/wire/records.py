@@ -9,7 +9,8 @@ talks to no broker.
 - rollout.episodes: key the same; value ``encode_samples(segments, TURN_FIELDS, metadata=...)``
   where the metadata is ``EpisodeInfo`` (attempt, turns, group_size, sent_at of the final turn,
   event time); headers repeat attempt/group_size/schema for consumers that filter without decoding.
-- rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``.
+- rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``;
+  ``fold_window_records`` merges a window's per-partition partials back into one.
 - rollout.shards: compact, sorted JSON: a batch's manifest plus where it lies (``dir`` and
   ``manifest_path`` relative to the writer's output root, ``manifest_sha256``, and ``out_root``, the
   writer's own absolute root: a hint for readers on its machine), built by ``announcement_value`` and read back by
@@ -38,12 +39,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.wire.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
 from rollout_bus.errors import CodecError, ContractError, must_be
+from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.headers import (CONTROL_ABANDONED, CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, HEADER_ATTEMPT,
                                       HEADER_CONTROL, HEADER_GROUP_SIZE, HEADER_SCHEMA, HEADER_SENT_AT, SCHEMA_VERSION)
@@ -101,13 +105,79 @@ def window_metrics_record(window_start_ms: int, window_end_ms: int, adapter: str
            "adapter": adapter, "episodes": episodes, "closed": closed, "metrics": prefixed(metrics)}
     extra = {"partition": partition, "offset": offset, "stats": stats}
     doc.update({k: v for k, v in extra.items() if v is not None})
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return compact_json(doc)
+
+
+@dataclass(frozen=True)
+class WindowFold:
+    """One window of one adapter, folded from its per-source-partition partials (``fold_window_records``)."""
+
+    start_ms: int
+    end_ms: int
+    adapter: str | None
+    partials: dict[int | None, Mapping[str, Any]]  # the last record of each source partition, in merge order
+    latest: Mapping[str, Any]  # the partial that arrived last
+    stats: EpisodeStats | None  # the partials' merged stats; None when none carries readable ones
+    unmerged: int  # partials left out of ``stats``: without stats, or (``strict=False``) unreadable ones
+
+    @property
+    def closed(self) -> bool:
+        """A window is closed once every source partition has closed it."""
+        return all(bool(doc.get("closed")) for doc in self.partials.values())
+
+
+def fold_window_records(records: Iterable[bytes | str | Mapping[str, Any]], *, order: str = "partition",
+                        strict: bool = True) -> dict[tuple[int, int, str | None], WindowFold]:
+    """rollout.metrics window records (values or parsed, in topic order) folded per ``(start_ms, end_ms,
+    adapter)``, in the order each first appears; other records, and windows that cannot be read, are skipped.
+
+    Each ``window_metrics_record`` of the stream stage is the full state of one ``(window, adapter, source
+    partition)`` partial, so the last record of each partial replaces the earlier ones, and the partials'
+    ``stats`` merge exactly (``EpisodeStats.merge``; averaging their ``metrics`` would be wrong).
+    ``order``: partials merge by source partition (``"partition"``, one naming none first) or in the
+    order each partition first appeared (``"arrival"``); it matters only where partials disagree on
+    the reward source (the first episode picks it). ``strict``: unreadable ``stats`` raise
+    ``ContractError``, else (False) their partial is left out of ``stats`` and counted in ``unmerged``.
+    """
+    if order not in ("partition", "arrival"):
+        raise ContractError(must_be("order", "'partition' or 'arrival'", order))
+    found: dict[tuple[int, int, str | None], dict[int | None, Mapping[str, Any]]] = {}
+    latest: dict[tuple[int, int, str | None], Mapping[str, Any]] = {}
+    for record in records:
+        doc = json.loads(record) if isinstance(record, (bytes, bytearray, str)) else record
+        if not isinstance(doc, Mapping) or doc.get("kind") != "window":
+            continue
+        try:
+            wid = (int(doc["window"]["start_ms"]), int(doc["window"]["end_ms"]), doc.get("adapter"))
+        except (KeyError, TypeError, ValueError):
+            continue
+        partition = doc.get("partition")
+        found.setdefault(wid, {})[int(partition) if partition is not None else None] = doc
+        latest[wid] = doc
+    folds = {}
+    for wid, partials in found.items():
+        if order == "partition":
+            partials = dict(sorted(partials.items(), key=lambda item: (item[0] is not None, item[0] or 0)))
+        merged, unmerged = None, 0
+        for doc in partials.values():
+            try:
+                stats = EpisodeStats.from_json(doc["stats"]) if "stats" in doc else None
+            except ContractError:
+                if strict:
+                    raise
+                stats = None
+            if stats is None:
+                unmerged += 1
+            else:
+                merged = stats if merged is None else merged.merge(stats)
+        folds[wid] = WindowFold(*wid, partials, latest[wid], merged, unmerged)
+    return folds
 
 
 def batch_metrics_record(batch_seq: int, metrics: dict[str, Any], *, samples: int, manifest_path: str) -> bytes:
     doc = {"kind": "batch", "batch": batch_seq, "samples": samples, "manifest": manifest_path,
            "metrics": prefixed(metrics)}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return compact_json(doc)
 
 
 # ------------------------------------------------------------------------------ shard announcements
@@ -153,7 +223,7 @@ def announcement_value(announcement: ShardAnnouncement) -> bytes:
            "manifest_sha256": announcement.manifest_sha256}
     if announcement.out_root is not None:
         doc[ANNOUNCEMENT_OUT_ROOT] = announcement.out_root
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return compact_json(doc, allow_nan=False)
 
 
 def parse_announcement(value: bytes | None) -> ShardAnnouncement | None:
@@ -209,7 +279,7 @@ class EndOfRun:
     turns_partitions: int | None = None
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [(HEADER_CONTROL, CONTROL_END_OF_RUN.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
@@ -234,7 +304,7 @@ class Abandoned:
     source: str  # topic:partition:offset of the final turn
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [(HEADER_CONTROL, CONTROL_ABANDONED.encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
@@ -267,7 +337,7 @@ class BatchSkipped:
         return str(self.seq).encode()
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [(HEADER_CONTROL, CONTROL_BATCH_SKIPPED.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
@@ -290,7 +360,7 @@ class BatchesEnded:
     next_seq: int
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [(HEADER_CONTROL, CONTROL_END_OF_RUN.encode()), (HEADER_SCHEMA, SCHEMA_VERSION.encode())]
@@ -319,7 +389,7 @@ class WeightVersion:
     published_at: int
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     @classmethod
     def from_value(cls, value: bytes | None) -> "WeightVersion":

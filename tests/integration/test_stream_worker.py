@@ -21,16 +21,21 @@ from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import adapter_scope
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.wire.records import decode_episode
+from rollout_bus.wire.records import decode_episode, fold_window_records
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import share_final_reward
-from rollout_bus.stream.windows import merge_window_records
 
 pytestmark = pytest.mark.kafka
 
 WINDOW_S = 2.0
+
+
+def _merged_windows(records) -> dict:
+    """Each window's statistics per adapter, merged over source partitions: ``{((start, end), adapter): stats}``."""
+    folds = fold_window_records([r.value for r in records]).values()
+    return {((f.start_ms, f.end_ms), f.adapter): f.stats for f in folds if f.stats is not None}
 
 
 def _generated(episodes: int, seed: int, **knobs):
@@ -131,8 +136,8 @@ def test_episodes_equal_the_merge_of_their_turns_and_windows_equal_the_batch_met
             start = int(info.event_time_ms // (WINDOW_S * 1000) * WINDOW_S * 1000)
             by_window[((start, start + int(WINDOW_S * 1000)), adapter_scope(segments[0]))].extend(segments)
         assert any(len(decode_episode(r.value)[0]) > 1 for r in got), "no compaction siblings in the workload"
-        total = lambda rs: sum(s.episodes for s in merge_window_records([r.value for r in rs]).values())  # noqa
-        merged = merge_window_records([r.value for r in metrics.until(lambda rs: total(rs) >= len(expected))])
+        total = lambda rs: sum(s.episodes for s in _merged_windows(rs).values())  # noqa
+        merged = _merged_windows(metrics.until(lambda rs: total(rs) >= len(expected)))
         assert set(merged) == set(by_window)
         for window, samples in by_window.items():
             batch = compute_metrics_from_samples(samples)

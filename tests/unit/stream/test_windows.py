@@ -11,8 +11,8 @@ from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError
 from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.model.sample import AdapterRef, Sample, Status
-from rollout_bus.stream.windows import (PartitionWindows, WindowEntry, merge_window_records, window_bounds, window_key,
-                             window_record)
+from rollout_bus.stream.windows import PartitionWindows, WindowEntry, window_bounds, window_key, window_record
+from rollout_bus.wire.records import fold_window_records
 
 def _episode(rollout_id: int, length: int, reward: float, adapter: str | None = None) -> list[Sample]:
     ref = AdapterRef(adapter, 0) if adapter else None
@@ -85,9 +85,11 @@ def test_merging_partials_equals_the_batch_metrics_of_all_the_windows_episodes()
             records.append(window_record(entry, closed=False))  # as they change: the last one wins
         records.append(window_record(entry, closed=True))
     records.append(json.dumps({"kind": "batch", "batch": 1}).encode())
-    merged = merge_window_records(records)
-    assert list(merged) == [((0, 60_000), "a")]
+    folds = fold_window_records(records)
+    assert list(folds) == [(0, 60_000, "a")]
+    (fold,) = folds.values()
+    assert sorted(fold.partials) == [0, 1] and fold.closed and fold.unmerged == 0
     batch = compute_metrics_from_samples([s for e in episodes for s in e])
-    got = merged[((0, 60_000), "a")].metrics()
+    got = fold.stats.metrics()
     assert got == {k: batch[k] for k in got}
-    assert merged[((0, 60_000), "a")].episodes == 10
+    assert fold.stats.episodes == 10
