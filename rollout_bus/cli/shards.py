@@ -17,7 +17,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rollout_bus.shard_writer.writer import ShardWriter, WriterOptions, WriterStats
+from rollout_bus.shard_writer.writer import ShardWriter
+from rollout_bus.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.shard_writer.writer_lock import WriterLockedError
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings

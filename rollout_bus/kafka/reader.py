@@ -13,7 +13,12 @@ Contract:
   beginning, or, with ``history=N``, from the last N records of each partition. ``poll()`` hands
   over the records that arrived since the last call (and forgets them, so a long-running reader
   holds no history); ``read_to_end()`` polls until it has reached the end offsets seen when it was
-  called; ``record_counts(names)`` gives the records ever written to any topics.
+  called (``BrokerError`` past ``timeout_s``). ``read_to_end(stall_s=S)`` is for a caller that
+  retries through broker outages (``rollout_bus.kafka.retry``, as the shard writer reads
+  rollout.shards at start-up): no limit on the whole read, only on progress (no record for ``S``
+  seconds before the end is ``Unavailable``, transient), and every offset request is bounded by
+  ``S``, so an outage never blocks it. ``record_counts(names)`` gives the records ever written to
+  any topics. A reader that fails while it looks its topics up closes its consumer (a retry leaks none).
 * ``topic_names(conn)``: every topic on the cluster.
 * Offset ranges (``rollout_bus.wire.positions``): ``resolve_ranges(consumer, starts, to=None)`` turns
   ``RangeStart``s into ``PartitionRange``s against the end offsets at that moment (``to`` is
@@ -34,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.errors import BrokerError, ConfigError, must_be
+from rollout_bus.errors import BrokerError, ConfigError, Unavailable, must_be
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaError, TopicPartition, group_less_consumer,
                                        wait_for_partitions)
 from rollout_bus.wire.positions import PartitionRange, Position, RangeStart
@@ -69,8 +74,12 @@ class TopicWatcher:
         self.consumer = group_less_consumer(conn, client_id="rollout-bus-watch")
         self.count_topics = count_topics
         self.data_topics = list(data_topics)
-        self._partitions = {t: [TopicPartition(t, p) for p in wait_for_partitions(self.consumer, t)]
-                            for t in set(count_topics) | set(read_topics) | set(self.data_topics)}
+        try:
+            self._partitions = {t: [TopicPartition(t, p) for p in wait_for_partitions(self.consumer, t)]
+                                for t in set(count_topics) | set(read_topics) | set(self.data_topics)}
+        except BaseException:  # a caller that retries (broker outage, topic not there yet) leaks no client
+            self.consumer.close()
+            raise
         self.read_topics = read_topics
         assigned = [tp for t in sorted(set(read_topics) | set(self.data_topics)) for tp in self._partitions[t]]
         self.consumer.assign(assigned)
@@ -165,18 +174,32 @@ class TopicReader:
             self._watcher.records[name] = []
         return taken
 
-    def read_to_end(self, timeout_s: float = 30.0) -> dict[str, list]:
-        """Every record up to the end offsets as of now; BrokerError if that takes over ``timeout_s``."""
+    def read_to_end(self, timeout_s: float = 30.0, *, stall_s: float | None = None) -> dict[str, list]:
+        """Every record up to the end offsets as of now; BrokerError if that takes over ``timeout_s``.
+
+        With ``stall_s`` (for a caller that retries, see the module docstring) ``timeout_s`` is not
+        used: ``Unavailable`` once no record arrived for ``stall_s`` before the end, and each offset
+        request waits at most ``stall_s``."""
+        offsets_ms = None if stall_s is None else int(stall_s * 1000)
         assigned = sorted(self.consumer.assignment())
-        ends = self.consumer.end_offsets(assigned)
+        ends = self.consumer.end_offsets(assigned, timeout_ms=offsets_ms)
         got: dict[str, list] = {name: [] for name in self.names}
-        deadline = time.monotonic() + timeout_s
-        while not all(self.consumer.position(tp) >= ends[tp] for tp in assigned):
+        deadline = time.monotonic() + (timeout_s if stall_s is None else stall_s)
+        while not all(self._reached(tp, ends[tp], offsets_ms) for tp in assigned):
             if time.monotonic() > deadline:
+                if stall_s is not None:
+                    raise Unavailable(f"no record from {self.names} for {stall_s:.0f}s before their end offsets")
                 raise BrokerError(f"could not read {self.names} to their end offsets within {timeout_s:.0f}s")
-            for name, records in self.poll().items():
+            polled = self.poll()
+            for name, records in polled.items():
                 got[name].extend(records)
+            if stall_s is not None and any(polled.values()):
+                deadline = time.monotonic() + stall_s
         return got
+
+    def _reached(self, tp: TopicPartition, end: int, timeout_ms: int | None) -> bool:
+        position = self.consumer.position(tp, timeout_ms=timeout_ms)
+        return position is not None and position >= end  # None: not resolved within timeout_ms
 
     def records_on(self, name: str) -> int:
         """Records ever written to one of the reader's topics (the sum of its end offsets)."""

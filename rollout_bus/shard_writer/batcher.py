@@ -24,13 +24,10 @@ Contract:
 * ``flush()`` pops everything still pending as partial batches (``Batch.partial``): in step mode
   one per open range, in arrival mode chunks of up to G groups (complete ones first); incomplete
   groups are included, so nothing read is left out. The writer flushes on the end-of-run marker.
-* A batch holds its episodes (``episodes``) and, apart, its abandoned records (``abandoned``);
-  ``groups`` summarise every group, all-abandoned ones included. A batch with no episode
-  (``Batch.empty``: every group of the range abandoned) is not written: the caller logs it and
-  calls ``done``; its seq is simply absent from the output (step seqs stay ``group_index // G``).
-* ``Batch.stale`` is empty as formed; the writer's staleness net (``rollout_bus.shard_writer.batcher.split_stale``)
-  moves episodes there from ``episodes``. They stay members (``members()``): their offsets are
-  released by ``done`` and their keys count as the batch's.
+* What a batch holds (``Batch``, ``GroupSummary``) and the staleness split of one (``split_stale``)
+  are ``rollout_bus.shard_writer.batch``. A batch with no episode is not written: the
+  caller logs it and calls ``done``; its seq is simply absent from the output (step seqs stay
+  ``group_index // G``). Stale episodes stay members: ``done`` releases their offsets too.
 * Inside a batch, members are ordered by (adapter slot, -1 for none first; adapter name;
   group_index; rollout kind and id; record key) and episodes keep their segment order.
 * ``done(batch)`` marks a batch written, dead-lettered or skipped (empty): its offsets are
@@ -52,25 +49,20 @@ Contract:
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-from rollout_bus.shard_writer.episodes import (AbandonedEpisode, Episode, GroupKey, Member, parse_abandoned, parse_episode,
-                                parse_record)
+from rollout_bus.shard_writer.batch import Batch, GroupSummary
+from rollout_bus.shard_writer.episodes import AbandonedEpisode, Episode, GroupKey, Member
 from rollout_bus.shard_writer.offset_tracker import OffsetTracker
-from rollout_bus.shard_writer.staleness import StaleEpisode, episode_oldest_version, is_stale
 from rollout_bus.errors import ConfigError, must_be
-from rollout_bus.model.sample import AdapterRef, Sample
 from rollout_bus.wire.dead_letter import DlqKind
+from rollout_bus.wire.run_record import BATCHING_MODES
 
-__all__ = ["BATCHING_MODES", "AbandonedEpisode", "AddResult", "Batch", "Batcher", "Episode", "GroupKey",
-           "GroupSummary", "Outcome", "WrittenLookup", "parse_abandoned", "parse_episode", "parse_record"]
+__all__ = ["AddResult", "Batcher", "Outcome", "WrittenLookup"]
 
-BATCHING_MODES = ("step", "arrival")
 DEFAULT_WRITTEN_MEMORY = 64
 # seq -> {rollout key: attempt} of that batch as written (episodes and abandoned), or None when absent
 WrittenLookup = Callable[[int], Mapping[str, int] | None]
@@ -91,48 +83,6 @@ class AddResult:
     outcome: Outcome
     reason: str = ""
     kind: DlqKind | str = ""
-
-
-@dataclass(frozen=True)
-class GroupSummary:
-    adapter: AdapterRef | None
-    group_index: int
-    group_size: int
-    episodes: int
-    abandoned: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.episodes + self.abandoned >= self.group_size
-
-    def as_json(self) -> dict[str, Any]:
-        return {"adapter": None if self.adapter is None else self.adapter.name,
-                "adapter_slot": -1 if self.adapter is None else self.adapter.slot,
-                "group_index": self.group_index, "group_size": self.group_size,
-                "episodes": self.episodes, "abandoned": self.abandoned, "complete": self.complete}
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Episodes that become one trainer batch, in batch order, and the abandoned ones beside them."""
-
-    seq: int
-    episodes: tuple[Episode, ...]
-    groups: tuple[GroupSummary, ...]
-    partial: bool = False
-    abandoned: tuple[AbandonedEpisode, ...] = ()
-    stale: tuple[StaleEpisode, ...] = ()  # dropped by the writer's staleness net (rollout_bus.shard_writer.staleness)
-
-    @property
-    def empty(self) -> bool:
-        """No episode at all: nothing to write (every group of it was abandoned, or its episodes stale)."""
-        return not self.episodes
-
-    def members(self) -> tuple[Member, ...]:
-        return (*self.episodes, *self.abandoned, *(s.episode for s in self.stale))
-
-    def samples(self) -> list[Sample]:
-        return [segment for episode in self.episodes for segment in episode.segments]
 
 
 @dataclass
@@ -411,20 +361,3 @@ class Batcher:
 def _describe(group: GroupKey) -> str:
     adapter, group_index = group
     return f"(adapter={None if adapter is None else adapter.name}, group_index={group_index})"
-
-
-def split_stale(batch: Batch, max_staleness: int | None) -> Batch:
-    """The batch without its stale episodes, which it lists under ``stale`` (see the module docstring)."""
-    if max_staleness is None:
-        return batch
-    kept: list[Episode] = []
-    stale: list[StaleEpisode] = []
-    for episode in batch.episodes:
-        oldest = episode_oldest_version(episode)
-        if is_stale(oldest, batch.seq, max_staleness):
-            stale.append(StaleEpisode(episode, oldest, batch.seq, max_staleness))
-        else:
-            kept.append(episode)
-    if not stale:
-        return batch
-    return dataclasses.replace(batch, episodes=tuple(kept), stale=(*batch.stale, *stale))

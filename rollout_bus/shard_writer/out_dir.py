@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_bus.shard_writer.batcher import Batch, GroupKey
+from rollout_bus.shard_writer.batch import Batch
+from rollout_bus.shard_writer.episodes import GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import AdapterRef
 from rollout_bus.model.metrics import compute_metrics_from_samples, compute_staleness_metrics

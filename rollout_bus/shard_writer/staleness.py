@@ -13,7 +13,7 @@ Contract:
   ``oldest_weight_version``); None when no segment has a numeric version.
 * ``is_stale(oldest, seq, max_staleness)``: ``oldest < seq - max_staleness``. An episode with no
   numeric version is never stale: there is nothing to judge it by.
-* ``batcher.split_stale(batch, max_staleness)`` (there, beside ``Batch``) returns the batch with its stale episodes moved from
+* ``batch.split_stale(batch, max_staleness)`` (there, beside ``Batch``) returns the batch with its stale episodes moved from
   ``episodes`` to ``stale`` (``StaleEpisode``, batch order kept); ``max_staleness=None`` returns the
   batch unchanged. Pure: a function of the batch (itself a function of the log in step mode) and
   the bound, so a restart or a replay with the same bound drops the same episodes. ``groups``

@@ -1,6 +1,6 @@
 """The shard writer's Kafka loop: rollout.episodes in; shards, manifests, batch metrics and dead letters out.
 
-Contract (PIPELINE.md, consumers/):
+Contract (docs/pipeline.md sections 4, 5 and 8):
 
 * Reads every partition of rollout.episodes with a kafka-python ``KafkaConsumer`` (manually
   assigned, ``enable_auto_commit=False``; the group id only stores offsets, so run one writer per
@@ -17,25 +17,18 @@ Contract (PIPELINE.md, consumers/):
   pending is flushed as partial batches (``Batcher.flush``; episode-less ones skipped). Markers
   are held uncommitted until that flush is written, so a crash before it re-reads them; a
   duplicate marker is harmless.
-* A record that does not decode, or that the batcher rejects, goes to rollout.dlq
-  (``DeadLetter``, stage ``shards``) and the loop goes on. Duplicates are dropped and counted.
-  A dead-letter copy the producer or broker refuses for its size goes by reference instead: same
-  key and headers, value null, kind ``too_large``, the reason giving the original's size and
-  ``dlq.source``. Never fatal.
-* Staleness net (``max_staleness`` set, step batching): before a due batch ``k`` is converted, an
-  episode whose oldest weight version is below ``k - max_staleness`` goes to the DLQ (kind
-  ``stale``, the reason naming the episode, its oldest version, the batch and the bound) and the
-  batch is written without it; its manifest lists it (``extra.stale``), so a restart or a replay
-  reaches the same decision (``rollout_bus.shard_writer.staleness``). Counted in ``WriterStats.stale``. A batch
-  left with no episode is skipped as empty. Arrival batching has no net (no step identity: see
-  ``rollout_bus.shard_writer.staleness``); the bound is then ignored, with a warning. The batch metrics carry
-  ``staleness/{mean,max,oldest}`` with step = the batch seq in both modes (``out_dir.batch_metrics``).
-* A due batch is converted with ``convert_samples_to_train_data``. If that fails (the whole-batch
-  sampling-mask check, or any other contract check), every episode of the batch goes to the DLQ,
-  one dead letter each, with the original record, the error (position, sample_index, status) and
-  that episode's batch positions; the loop goes on with the next batch.
-* A batch that passes is split across ``dp_size`` ranks and written with ``write_batch_shards``
-  (shards, then ``manifest.json``, each atomic). Then the batch metrics record goes to
+* A record that does not decode, or that the batcher rejects, goes to rollout.dlq and the loop
+  goes on (``rollout_bus.shard_writer.dead_letters``: by reference when too large; never fatal).
+  Duplicates are dropped and counted.
+* A due batch is decided by ``rollout_bus.shard_writer.decide``, as replay decides it: the staleness
+  net (``max_staleness``, step batching; its stale episodes to the DLQ, counted in
+  ``WriterStats.stale``), skipped as empty when no episode is left, dead-lettered (every episode, with
+  its batch positions) when the conversion or the whole-batch mask check refuses it, else split across
+  ``dp_size`` ranks. Arrival batching has no net (``rollout_bus.shard_writer.staleness``); the bound is then
+  ignored, with a warning. The loop goes on with the next batch.
+* A batch to write is written with ``write_batch_shards`` (shards, then ``manifest.json``, each
+  atomic; its metrics carry ``staleness/{mean,max,oldest}`` with step = the batch seq in both
+  modes: ``out_dir.batch_metrics``). Then the batch metrics record goes to
   rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
   key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
   first offset of a record not yet in a written, dead-lettered or skipped batch (or flush).
@@ -54,12 +47,12 @@ Contract (PIPELINE.md, consumers/):
   fails (and the writer sends it again).
 * One writer per output directory: ``run()`` holds ``rollout_bus.shard_writer.writer_lock`` for its whole life,
   and a second writer on the same directory is refused (``WriterLockedError``, naming the holder).
-* Effectively once. At start-up the writer scans ``--out`` (``out_dir.scan_out_dir``: temporary
-  files and manifest-less batches removed), reads rollout.shards back, and announces each
-  complete batch on disk that was never announced (a kill between manifest and announcement).
-  Rollout keys of a batch on disk (episodes and abandoned) count as written, so a batch is never
-  written twice; anything not in one is re-read from the committed offsets, and in step mode
-  forms the same batch, byte for byte. Only the keys of the ``written_memory`` newest batches stay
+* Effectively once. At start-up, before the loop, ``rollout_bus.shard_writer.recovery`` finds the complete
+  batches in ``--out`` (partial files removed), reads rollout.shards back (``kafka.reader.TopicReader``)
+  and announces each batch on disk that was never announced (a kill between manifest and
+  announcement). Rollout keys of a batch on disk count as written, so a batch is never written
+  twice; anything not in one is re-read from the committed offsets, and in step mode forms the
+  same batch, byte for byte. Only the keys of the ``written_memory`` newest batches stay
   in memory; older ones are looked up in their manifest on disk (``out_dir.written_keys``).
 * Stopping: ``exit_on_end_of_run`` returns once an end-of-run flush is written and committed;
   ``exit_when_idle`` returns once no record arrived for ``idle_s`` and the writer is caught up
@@ -75,34 +68,36 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rollout_bus.shard_writer.batcher import DEFAULT_WRITTEN_MEMORY, Batch, Batcher, Outcome
+from rollout_bus.shard_writer.batcher import Batcher, Outcome
+from rollout_bus.shard_writer.batch import Batch
+from rollout_bus.shard_writer.dead_letters import DeadLetters
 from rollout_bus.shard_writer.delivery import Outbox, Outgoing
 from rollout_bus.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
-from rollout_bus.shard_writer.out_dir import (announced_ids, announcement, convert_batch, manifest_place, scan_out_dir,
-                               write_batch, written_keys)
-from rollout_bus.shard_writer.batcher import split_stale
+from rollout_bus.shard_writer.decide import Decision, Verdict, decide, write_decided
+from rollout_bus.shard_writer.options import WriterOptions, WriterStats
+from rollout_bus.shard_writer.out_dir import announcement, manifest_place, written_keys
+from rollout_bus.shard_writer.recovery import announced_on, recover
 from rollout_bus.shard_writer.writer_lock import hold_writer_lock
-from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage, source_of
-from rollout_bus.errors import ContractError, MaskCheckError
+from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DlqKind
+from rollout_bus.errors import ContractError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
                                        new_producer, wait_for_partitions)
 from rollout_bus.kafka.limits import producer_config
-from rollout_bus.kafka.retry import Stopped, Unavailable, describe, retrying
+from rollout_bus.kafka.retry import Stopped, retrying
 from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.wire.topics import Topics
 from rollout_bus.model.shards import batch_path
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ShardWriter"]
+
 T = TypeVar("T")
-STAGE = DlqStage.SHARDS
-DEFAULT_IDLE_S = 10.0
 POLL_TIMEOUT_MS = 200
 OFFSETS_TIMEOUT_MS = 10_000
 # The producer keeps retrying a record inside kafka-python for this long before its future fails
@@ -112,50 +107,6 @@ MAX_BLOCK_MS = 10_000
 CLOSE_TIMEOUT_S = 10.0
 LAG_INTERVAL_S = 5.0
 LOOKUP_CACHE = 16
-
-
-@dataclass
-class WriterStats:
-    """What the writer did, for progress lines and the exit summary."""
-
-    records: int = 0
-    episodes: int = 0
-    abandoned: int = 0
-    stale: int = 0
-    duplicates: int = 0
-    dead_letters: int = 0
-    dead_letters_by_reference: int = 0
-    control_records: int = 0
-    batches_written: int = 0
-    batches_dead_lettered: int = 0
-    batches_skipped: int = 0
-    batches_found: int = 0
-    batches_reannounced: int = 0
-    runs_ended: int = 0
-    broker_waits: int = 0
-    pending: int = 0
-    lag: int | None = None
-    last_batch: int | None = None
-    written_dirs: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class WriterOptions:
-    """Plain values the CLI hands the writer."""
-
-    out_dir: Path
-    dp_size: int
-    groups_per_batch: int
-    batching: str = "step"
-    group_id: str = "rollout-bus-shards"
-    normalization: str = "grpo"
-    exit_when_idle: bool = False
-    exit_on_end_of_run: bool = False
-    max_batches: int | None = None
-    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-    written_memory: int = DEFAULT_WRITTEN_MEMORY
-    idle_s: float = DEFAULT_IDLE_S
-    max_staleness: int | None = None  # the staleness net (step batching only); None: no net
 
 
 class ShardWriter:
@@ -177,6 +128,7 @@ class ShardWriter:
         self._tracker = EndOfRunTracker(())
         self._producer: KafkaProducer | None = None
         self._outbox: Outbox | None = None
+        self._letters: DeadLetters | None = None
         self._consumer: KafkaConsumer | None = None
         self._max_staleness = options.max_staleness if options.batching == "step" else None
         if options.max_staleness is not None and options.batching != "step":
@@ -203,6 +155,7 @@ class ShardWriter:
             try:
                 self._producer = self._retry(self._new_producer, "connect the producer")
                 self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
+                self._letters = DeadLetters(self._outbox, self.topics, self.stats)
                 self._resume_from_disk()
                 self._consumer = self._open_consumer()
                 self._loop()
@@ -225,45 +178,10 @@ class ShardWriter:
                             max_in_flight_requests_per_connection=1, linger_ms=5,
                             delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS, **sizes)
 
-    def _new_consumer(self, **kwargs: Any) -> KafkaConsumer:
-        return new_consumer(self.client_kwargs, max_record_bytes=self.options.max_record_bytes, **kwargs)
-
     def _resume_from_disk(self) -> None:
-        """Mark batches on disk written; announce the ones rollout.shards never saw."""
-        written = scan_out_dir(self.options.out_dir)
-        announced = announced_ids(self._retry(self._read_announcements, "read announcements from rollout.shards")
-                                  ) if written else set()
-        for batch in written:
-            self._batcher.mark_written(batch.seq, batch.keys(), batch.groups())
-            self.stats.batches_found += 1
-            if (batch.directory.name, batch.manifest_sha256) not in announced:
-                self._announce(batch.seq, batch.manifest, batch.directory)
-                self.stats.batches_reannounced += 1
-                logger.info("announced batch=%d found on disk but never announced", batch.seq)
-        logger.info("resumed out=%s batches_on_disk=%d", self.options.out_dir, len(written))
-
-    def _read_announcements(self) -> list[bytes | None]:
-        """Every value on rollout.shards up to its end; Unavailable when the broker stops answering."""
-        consumer = self._new_consumer()
-        try:
-            partitions = self._partitions(consumer, self.topics.shards)
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
-            ends = consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS)
-            values: list[bytes | None] = []
-            quiet_since = time.monotonic()
-            while any(consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS) < end for tp, end in ends.items()):
-                polled = consumer.poll(timeout_ms=500)
-                for records in polled.values():
-                    values.extend(r.value for r in records)
-                if polled:
-                    quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since > OFFSETS_TIMEOUT_MS / 1000:
-                    raise Unavailable(f"no record from {self.topics.shards} for {OFFSETS_TIMEOUT_MS // 1000}s "
-                                      f"before its end")
-            return values
-        finally:
-            consumer.close()
+        """Start-up recovery (``rollout_bus.shard_writer.recovery``), before the loop reads a record."""
+        recover(self.options.out_dir, self._batcher, counts=self.stats, announce=self._announce,
+                read_announced=lambda: announced_on(self.client_kwargs, self.topics.shards, self._retry))
 
     def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
         def found() -> list[TopicPartition]:  # MissingTopicError is Unavailable: retried
@@ -271,9 +189,9 @@ class ShardWriter:
         return self._retry(found, f"the partitions of {topic}")
 
     def _open_consumer(self) -> KafkaConsumer:
-        consumer = self._retry(lambda: self._new_consumer(group_id=self.options.group_id,
-                                                          auto_offset_reset="earliest", max_poll_records=500),
-                               "connect the consumer")
+        consumer = self._retry(lambda: new_consumer(self.client_kwargs, max_record_bytes=self.options.max_record_bytes,
+                                                    group_id=self.options.group_id, auto_offset_reset="earliest",
+                                                    max_poll_records=500), "connect the consumer")
         partitions = self._partitions(consumer, self.topics.episodes)
         consumer.assign(partitions)
         self._tracker = EndOfRunTracker(tp.partition for tp in partitions)
@@ -336,8 +254,9 @@ class ShardWriter:
             self._batcher.skip(record.partition, record.offset)
             control = control_kind(record.headers)
             what = "episode" if control is None else f"control ({control})"
-            self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
-                              f"{what} record does not decode: {exc}", DlqKind.DECODE if control is None else DlqKind.CONTROL)
+            kind = DlqKind.DECODE if control is None else DlqKind.CONTROL
+            self._letters.send(record.key, record.value, record.headers, record.partition, record.offset,
+                               f"{what} record does not decode: {exc}", kind)
             return
         if isinstance(item, EndOfRunMarker):
             self._marker(item)
@@ -350,8 +269,8 @@ class ShardWriter:
         elif result.outcome is Outcome.REPLACED:
             pass  # the same episode, a later attempt: counted once
         elif result.outcome is Outcome.REJECTED:
-            self._dead_letter(record.key, record.value, record.headers, record.partition, record.offset,
-                              result.reason, result.kind)
+            self._letters.send(record.key, record.value, record.headers, record.partition, record.offset,
+                               result.reason, result.kind)
         else:
             self.stats.duplicates += 1
             logger.debug("dropped %s key=%s attempt=%d", result.outcome.value, item.key, item.attempt)
@@ -385,28 +304,6 @@ class ShardWriter:
         self.stats.runs_ended += 1
         self._run_over = True
 
-    def _dead_letter(self, key: Any, value: Any, headers: Any, partition: int, offset: int, reason: str,
-                     kind: str) -> None:
-        letter = DeadLetter(key, value, [(k, bytes(v or b"")) for k, v in (headers or [])], reason, STAGE, kind,
-                            source_of(self.topics.episodes, partition, offset))
-        self._outbox.send(Outgoing(self.topics.dlq, letter.key, letter.value, letter.record_headers(),
-                                   f"dead letter ({kind})"),
-                          too_large=lambda record, exc: self._by_reference(letter, exc))
-        self.stats.dead_letters += 1
-        logger.warning("dead-lettered kind=%s partition=%d offset=%d reason=%s", kind, partition, offset, reason)
-
-    def _by_reference(self, letter: DeadLetter, exc: BaseException) -> Outgoing:
-        """The dead letter without its value: too large to copy, the original stays at ``dlq.source``."""
-        size = len(letter.value or b"")
-        reason = (f"too large to copy ({size} bytes: {describe(exc)}); the original is at {letter.source}; "
-                  f"{letter.kind}: {letter.reason}")
-        ref = DeadLetter(letter.key, None, letter.headers, reason, STAGE, DlqKind.TOO_LARGE, letter.source)
-        self.stats.dead_letters_by_reference += 1
-        logger.warning("dead letter of source=%s too large to copy (%d bytes): sent by reference", letter.source,
-                       size)
-        key = ref.key if ref.key is not None else b""  # Kafka needs a key or a value
-        return Outgoing(self.topics.dlq, key, None, ref.record_headers(), "dead letter by reference")
-
     # ------------------------------------------------------------------ batches
 
     def _write_all(self, batches: list[Batch]) -> None:
@@ -421,26 +318,25 @@ class ShardWriter:
         return self.options.max_batches is not None and self.stats.batches_written >= self.options.max_batches
 
     def _write(self, batch: Batch) -> None:
-        """Check, convert, split and write one batch, then announce it; failures go to the DLQ."""
-        try:
-            batch = self._drop_stale(batch)
-            samples, ranks = (None, None) if batch.empty else convert_batch(
-                batch, dp_size=self.options.dp_size, normalization=self.options.normalization)
-        except ContractError as exc:
-            self._dead_letter_batch(batch, exc)
+        """Decide one batch (``rollout_bus.shard_writer.decide``): dead letters first, then skip it or write
+        and announce it."""
+        decision = decide(batch, dp_size=self.options.dp_size, normalization=self.options.normalization,
+                          batching=self.options.batching, max_staleness=self._max_staleness)
+        batch = decision.batch
+        self._send_dead_letters(decision)
+        if decision.verdict is Verdict.DEAD_LETTER:
+            self._skipped(BatchSkipped(batch.seq, decision.verdict.value, decision.why[:MAX_REASON_CHARS]))
+            self._batcher.done(batch)
+            self.stats.batches_dead_lettered += 1
             return
-        if batch.empty:
-            why = "abandoned or stale" if batch.stale else "abandoned"
+        if decision.verdict is Verdict.EMPTY:
             logger.info("batch=%d not written: every episode of it was %s (abandoned=%d, stale=%d, groups=%d)",
-                        batch.seq, why, len(batch.abandoned), len(batch.stale), len(batch.groups))
-            self._skipped(BatchSkipped(batch.seq, "empty", f"every episode of it was {why} ({len(batch.abandoned)} "
-                                                           f"abandoned, {len(batch.stale)} stale episodes)"))
+                        batch.seq, decision.emptied_by, len(batch.abandoned), len(batch.stale), len(batch.groups))
+            self._skipped(BatchSkipped(batch.seq, decision.verdict.value, decision.why))
             self._batcher.done(batch)
             self.stats.batches_skipped += 1
             return
-        manifest = write_batch(self.options.out_dir, batch, samples, ranks, topic=self.topics.episodes,
-                               batching=self.options.batching, normalization=self.options.normalization,
-                               max_staleness=self._max_staleness)
+        manifest = write_decided(self.options.out_dir, decision, topic=self.topics.episodes)
         directory = batch_path(self.options.out_dir, batch.seq)
         self._announce(batch.seq, manifest, directory)
         self._batcher.done(batch)
@@ -448,29 +344,12 @@ class ShardWriter:
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
 
-    def _drop_stale(self, batch: Batch) -> Batch:
-        """The staleness net: stale episodes to the DLQ, the batch without them (listed in ``stale``)."""
-        batch = split_stale(batch, self._max_staleness)
-        for entry in batch.stale:
-            e = entry.episode
-            self._dead_letter(e.key.encode(), e.value, e.headers, e.partition, e.offset, entry.reason, DlqKind.STALE)
-        self.stats.stale += len(batch.stale)
-        return batch
-
-    def _dead_letter_batch(self, batch: Batch, exc: ContractError) -> None:
-        """Every episode of a rejected batch is findable in the DLQ with the batch's reason."""
-        kind = DlqKind.MASK_CHECK if isinstance(exc, MaskCheckError) else DlqKind.CONVERT
-        position = 0
-        for episode in batch.episodes:
-            span = f"{position}..{position + len(episode.segments) - 1}"
-            reason = (f"batch {batch.seq} ({len(batch.episodes)} episodes) failed the whole-batch check: {exc}; "
-                      f"this episode ({episode.key}, attempt {episode.attempt}) held batch positions {span}")
-            self._dead_letter(episode.key.encode(), episode.value, episode.headers, episode.partition,
-                              episode.offset, reason, kind)
-            position += len(episode.segments)
-        self._skipped(BatchSkipped(batch.seq, "dead-lettered", f"{kind}: {exc}"[:MAX_REASON_CHARS]))
-        self._batcher.done(batch)
-        self.stats.batches_dead_lettered += 1
+    def _send_dead_letters(self, decision: Decision) -> None:
+        """Stale episodes, and every episode of a dead-lettered batch, findable in the DLQ with their reason."""
+        for letter in decision.dead_letters():
+            e = letter.episode
+            self._letters.send(e.key.encode(), e.value, e.headers, e.partition, e.offset, letter.reason, letter.kind)
+        self.stats.stale += len(decision.batch.stale)
 
     def _skipped(self, skipped: BatchSkipped) -> None:
         """Tell rollout.shards' readers this seq will never come (confirmed, like an announcement)."""

@@ -5,10 +5,10 @@ Contract:
 * ``replay(client_kwargs, starts, out_dir=..., ...)`` reads the ranges with its own consumer
   (``kafka.reader.open_reader``: no group, no commits, nothing published) up to the end offsets at
   start (``to``: exclusive, for every range), and rebuilds batches into ``out_dir`` with the shard
-  writer's own code: ``rollout_bus.shard_writer.batcher`` forms the batches, ``convert_batch`` and ``write_batch``
-  (rollout_bus.shard_writer.out_dir) are the writer's own convert, DP split and write steps, and
-  ``rollout_bus.shard_writer.batcher.split_stale`` its staleness net, with the ``max_staleness`` its manifests
-  record (step batching).
+  writer's own code: ``rollout_bus.shard_writer.batcher`` forms the batches, and
+  ``rollout_bus.shard_writer.decide`` is the writer's own decision (its staleness net, with the
+  ``max_staleness`` its manifests record in step batching; the empty batch; the conversion with the
+  whole-batch check; the DP split) and write step.
   All ranges must be of one topic, ``rollout.episodes`` or ``rollout.turns`` (prefixed or not).
 * From rollout.turns, episodes are first re-merged offline by the stream stage's own per-record
   logic (``rollout_bus.stream.processor.TurnProcessor`` over an in-memory table: the same duplicate,
@@ -48,10 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout_bus.shard_writer.batcher import BATCHING_MODES, Batch, Batcher, Outcome
+from rollout_bus.shard_writer.batcher import Batcher, Outcome
+from rollout_bus.shard_writer.batch import Batch
+from rollout_bus.wire.run_record import BATCHING_MODES
 from rollout_bus.shard_writer.episodes import EndOfRunMarker, Episode, Member, parse_record
-from rollout_bus.shard_writer.out_dir import convert_batch, write_batch
-from rollout_bus.shard_writer.batcher import split_stale
+from rollout_bus.shard_writer.decide import Decision, Verdict, decide, write_decided
 from rollout_bus.config import ShardSettings
 from rollout_bus.wire.dead_letter import DlqKind, DlqStage, source_of
 from rollout_bus.errors import ConfigError, ContractError, MissingTopicError, must_be
@@ -299,8 +300,11 @@ class _Rebuilder:
         self.reports: list[BatchReport] = []
 
     def batch(self, batch: Batch, *, leftover: bool) -> None:
-        batch = split_stale(batch, self.settings.max_staleness)  # the writer's net, as its manifests say
-        if batch.empty:  # every group abandoned (or stale): the writer writes no batch either
+        s = self.settings  # the writer's decision, with the staleness bound its manifests record
+        decision = decide(batch, dp_size=s.dp_size, normalization=s.normalization, batching=s.batching,
+                          max_staleness=s.max_staleness)
+        batch = decision.batch
+        if decision.verdict is Verdict.EMPTY:  # every group abandoned (or stale): the writer writes none either
             logger.info("batch=%d: every episode abandoned or stale (abandoned=%d, stale=%d): not written",
                         batch.seq, len(batch.abandoned), len(batch.stale))
             return
@@ -313,18 +317,19 @@ class _Rebuilder:
         elif theirs is None and leftover and not self.write_partial:
             report.status, report.detail = "incomplete", "partial batch with no manifest to compare: not written"
         else:
-            self._write(batch, report, expected, mine, theirs)
+            self._write(decision, report, expected, mine, theirs)
         self.reports.append(report)
 
-    def _write(self, batch: Batch, report: BatchReport, expected: Mapping[str, Any] | None,
+    def _write(self, decision: Decision, report: BatchReport, expected: Mapping[str, Any] | None,
                mine: set, theirs: set | None) -> None:
-        s = self.settings
-        try:
-            samples, ranks = convert_batch(batch, dp_size=s.dp_size, normalization=s.normalization)
-            manifest = write_batch(self.out_dir, batch, samples, ranks, topic=self.topic, batching=s.batching,
-                                   normalization=s.normalization, max_staleness=s.max_staleness)
-        except ContractError as exc:
-            report.status, report.detail = "dead-lettered", f"the whole-batch check refuses it: {exc}"
+        error, manifest = decision.error, None
+        if decision.verdict is Verdict.WRITE:
+            try:
+                manifest = write_decided(self.out_dir, decision, topic=self.topic)
+            except ContractError as exc:  # a check of the write step itself: refused all the same
+                error = exc
+        if manifest is None:
+            report.status, report.detail = "dead-lettered", f"the whole-batch check refuses it: {error}"
             return
         report.shards = {e["path"]: e["sha256"] for e in manifest["shards"]}
         if expected is None:

@@ -18,7 +18,8 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from rollout_bus.shard_writer.writer import ShardWriter, WriterOptions
+from rollout_bus.shard_writer.writer import ShardWriter
+from rollout_bus.shard_writer.options import WriterOptions
 from rollout_bus.feed.trainer_feed import ShardFeed
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics

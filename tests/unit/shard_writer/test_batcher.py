@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_bus.shard_writer.batcher import Batcher, Episode, Outcome, parse_episode
+from rollout_bus.shard_writer.batcher import Batcher, Outcome
+from rollout_bus.shard_writer.episodes import Episode, parse_episode
 from rollout_bus.shard_writer.episodes import parse_record
 from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.wire.records import Abandoned, EpisodeInfo, encode_episode

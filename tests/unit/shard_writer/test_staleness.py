@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 
-from rollout_bus.shard_writer.batcher import Batcher, Episode
+from rollout_bus.shard_writer.batcher import Batcher
+from rollout_bus.shard_writer.episodes import Episode
 from rollout_bus.shard_writer.out_dir import WrittenBatch, batch_metrics, manifest_extra
-from rollout_bus.shard_writer.batcher import split_stale
+from rollout_bus.shard_writer.batch import split_stale
 from rollout_bus.shard_writer.staleness import episode_oldest_version, is_stale
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.rollout_key import rollout_key_string

@@ -26,11 +26,12 @@ import safetensors
 from jsonschema import Draft202012Validator
 
 from rollout_bus.config import ShardSettings
-from rollout_bus.shard_writer.batcher import Batch, Batcher
+from rollout_bus.shard_writer.batcher import Batcher
+from rollout_bus.shard_writer.batch import Batch
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
-from rollout_bus.shard_writer.writer import STAGE as SHARDS_STAGE
-from rollout_bus.shard_writer.batcher import split_stale
+from rollout_bus.shard_writer.dead_letters import STAGE as SHARDS_STAGE
+from rollout_bus.shard_writer.batch import split_stale
 from rollout_bus.sim.faults import MALFORMED_VALUE
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.wire.codec import decode_samples, encode_samples

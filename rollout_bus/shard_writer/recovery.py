@@ -1,0 +1,81 @@
+"""The shard writer's start-up recovery: what a killed writer left in ``--out``, and what rollout.shards says.
+
+Why a step of its own, before the loop reads a record: a writer may be killed anywhere (between two
+shards, between a manifest and its announcement). The restarted one must produce byte-identical
+output, as if it had never stopped, and never announce a batch twice; both are decided here, once,
+from the disk and the log alone, so the loop (``rollout_bus.shard_writer.writer``) only writes new batches.
+
+Contract:
+
+* ``recover(out_dir, batcher, read_announced=, announce=, counts=)``:
+
+  1. finds the complete batches on disk (``out_dir.scan_out_dir``: every manifest verified);
+     temporary files and batches without a manifest are removed, their episodes being still
+     uncommitted on rollout.episodes;
+  2. when there is any, asks ``read_announced()`` which (batch name, manifest_sha256) pairs
+     rollout.shards holds (a moved output directory changes neither);
+  3. marks each batch on disk written (``Batcher.mark_written``: the keys of its episodes, abandoned
+     and stale episodes, and its groups), so a record of it read again is a duplicate and the batch
+     is never written twice; what is in no batch on disk is re-read from the committed offsets and,
+     in step mode, forms the same batches, byte for byte;
+  4. announces each batch on disk that rollout.shards never saw (killed between its manifest and its
+     announcement) with ``announce(seq, manifest, directory)``, and no other.
+
+  ``counts.batches_found`` and ``counts.batches_reannounced`` grow as it goes; it returns the batches
+  found.
+* ``announced_on(conn, topic, retry)``: the pairs of every announcement on ``topic``, read to its end
+  with a group-less ``rollout_bus.kafka.reader.TopicReader``. The writer's ``retry``
+  (``rollout_bus.kafka.retry.retrying``) repeats the whole read, with a fresh reader, through broker
+  outages of any length: ``read_to_end(stall_s=STALL_S)`` bounds each offset request and turns
+  ``STALL_S`` without a record before the end into a transient ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.shard_writer.batcher import Batcher
+from rollout_bus.shard_writer.out_dir import WrittenBatch, announced_ids, scan_out_dir
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+STALL_S = 10.0
+Announced = set[tuple[str, str]]  # (batch directory name, manifest_sha256)
+Retry = Callable[[Callable[[], T], str], T]
+
+
+class RecoveryCounts(Protocol):
+    batches_found: int
+    batches_reannounced: int
+
+
+def announced_on(conn: Mapping[str, Any], topic: str, retry: Retry) -> Announced:
+    """(batch name, manifest_sha256) of every announcement on ``topic``, through broker outages."""
+    def read() -> list[Any]:
+        reader = TopicReader(conn, [topic])
+        try:
+            return reader.read_to_end(stall_s=STALL_S)[topic]
+        finally:
+            reader.close()
+    return announced_ids(record.value for record in retry(read, "read announcements from rollout.shards"))
+
+
+def recover(out_dir: Path, batcher: Batcher, *, read_announced: Callable[[], Announced],
+            announce: Callable[[int, dict[str, Any], Path], None], counts: RecoveryCounts) -> list[WrittenBatch]:
+    """Mark the batches on disk written; announce the ones rollout.shards never saw (see the module docstring)."""
+    written = scan_out_dir(out_dir)
+    announced = read_announced() if written else set()
+    for batch in written:
+        batcher.mark_written(batch.seq, batch.keys(), batch.groups())
+        counts.batches_found += 1
+        if (batch.directory.name, batch.manifest_sha256) not in announced:
+            announce(batch.seq, batch.manifest, batch.directory)
+            counts.batches_reannounced += 1
+            logger.info("announced batch=%d found on disk but never announced", batch.seq)
+    logger.info("resumed out=%s batches_on_disk=%d", out_dir, len(written))
+    return written
