@@ -32,7 +32,7 @@ Contract:
   feed at ``next_seq``: no batch is lost and none is trained twice relative to the checkpoint.
   Loading a state of another rank, DP size or topic is a ``ConfigError``.
 * ``publish_version(version, step)`` closes the loop: the trainer's new live weights go to
-  rollout.weights (``kafka.weights.WeightPublisher``), where generators read them.
+  rollout.weights (``feed.weights.WeightPublisher``), where generators read them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""Episode identity and the exact, mergeable episode-metric accumulator (docs/data-model.md section 6).
+"""The exact, mergeable episode-metric accumulator (docs/data-model.md section 6).
 
 Contract:
 
-* ``get_rollout_key(sample, position)`` is ``(adapter, kind, group_index, id)``: kind ``"rollout"``
-  with ``rollout_id`` when set, else ``"sample"`` with ``index``, else ``"position"`` with the
-  sample's batch position. Compaction siblings share a key; the same id in another prompt group
-  or under another adapter is another episode.
+* Episodes are told apart by ``model.sample.get_rollout_key`` (``(adapter, kind, group_index, id)``):
+  compaction siblings share a key; the same id in another prompt group or under another adapter is
+  another episode.
 * The episode-length and reward parts of ``rollout_bus.model.metrics`` are computed here, from small
   exact summaries that both the batch functions and ``EpisodeStats`` build, so the two agree
   bit for bit:

@@ -236,7 +236,9 @@ RolloutKey = tuple[AdapterRef | None, str, int | None, Any]
 
 
 def get_rollout_key(sample: Sample, position: int) -> RolloutKey:
-    """The episode a sample belongs to; ids are per adapter and per prompt group."""
+    """The episode a sample belongs to: ``(adapter, kind, group_index, id)``, kind ``"rollout"`` with
+    ``rollout_id`` when set, else ``"sample"`` with ``index``, else ``"position"`` with the sample's batch
+    position. Ids are per adapter and per prompt group; on the wire it is ``wire.rollout_key``."""
     if sample.rollout_id is not None:
         return (sample.adapter, "rollout", sample.group_index, sample.rollout_id)
     if sample.index is not None:

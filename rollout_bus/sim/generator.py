@@ -5,10 +5,12 @@ Contract:
 * ``iter_turns(settings)`` yields ``(sample, args)`` for every turn, where ``args`` holds the
   ``publish_turn`` keywords ``turn``, ``attempt``, ``final`` and ``group_size``; no Kafka is
   involved. The same settings (seed included) yield the same samples in the same order.
-* ``ceil(episodes / n_samples_per_prompt)`` prompt groups, assigned to the adapters round-robin;
-  each adapter numbers its own ``group_index`` and ``index`` (= ``rollout_id``) from 0, because
-  ids are local to each adapter's data source. The last group holds what is left over, and
-  ``group_size`` is the number of episodes actually in the group.
+* ``ceil(episodes / n_samples_per_prompt)`` prompt groups, assigned to the adapters round-robin.
+  ``group_index`` counts the step's prompt groups across adapters (group g goes to adapter g mod A),
+  so a step batch's range of group indices is complete from the episodes alone; each adapter numbers
+  its own ``index`` (= ``rollout_id``) from 0, because ids are local to each adapter's data source.
+  The last group holds what is left over, and ``group_size`` is the number of episodes actually in
+  the group.
 * Order: groups one after another; inside a group the live episodes advance one turn per round
   and their turns come out in index order, as concurrent engine calls would. The steps of all of
   a round's rollouts are batched: one ``[B, V]`` policy call and one sampling op per step.

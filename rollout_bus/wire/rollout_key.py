@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.model.sample import AdapterRef, Sample, get_rollout_key
 
@@ -22,7 +23,7 @@ def rollout_key_string(key: tuple) -> str:
     """
     adapter, kind, group_index, ident = key
     name, slot = (adapter.name, adapter.slot) if adapter is not None else (None, None)
-    return json.dumps([name, slot, kind, group_index, ident], separators=(",", ":"))
+    return compact_json([name, slot, kind, group_index, ident]).decode()
 
 
 def rollout_key_of(sample: Sample) -> str:

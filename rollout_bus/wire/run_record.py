@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.errors import ContractError, must_be
 
 RUN_BATCHING_KEY = b"batching"
@@ -30,7 +31,7 @@ class RunBatching:
     declared_by: str = ""
 
     def value(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     @classmethod
     def parse(cls, value: bytes | None) -> RunBatching:
