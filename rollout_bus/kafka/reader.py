@@ -19,6 +19,7 @@ Contract:
   seconds before the end is ``Unavailable``, transient), and every offset request is bounded by
   ``S``, so an outage never blocks it. ``record_counts(names)`` gives the records ever written to
   any topics. A reader that fails while it looks its topics up closes its consumer (a retry leaks none).
+  ``read_topic(conn, topic, stall_s=S)`` is that read with a reader of its own, for a caller's retry.
 * ``topic_names(conn)``: every topic on the cluster.
 * Offset ranges (``rollout_bus.wire.positions``): ``resolve_ranges(consumer, starts, to=None)`` turns
   ``RangeStart``s into ``PartitionRange``s against the end offsets at that moment (``to`` is
@@ -220,6 +221,16 @@ class TopicReader:
 
     def close(self) -> None:
         self._watcher.close()
+
+
+def read_topic(conn: Mapping[str, Any], topic: str, *, stall_s: float) -> list:
+    """Every record of ``topic`` up to its end offsets, with a fresh group-less reader closed after; for a
+    caller that retries through outages (``Unavailable`` after ``stall_s`` without progress, see above)."""
+    reader = TopicReader(conn, [topic])
+    try:
+        return reader.read_to_end(stall_s=stall_s)[topic]
+    finally:
+        reader.close()
 
 
 def partition_offsets(consumer: KafkaConsumer, topic: str, *, beginning: bool = False) -> dict[int, int] | None:

@@ -18,7 +18,7 @@ from typing import Any
 from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.clients import new_producer
-from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.reader import read_topic
 from rollout_bus.kafka.retry import retrying
 from rollout_bus.wire.run_record import RUN_BATCHING_KEY, RunBatching
 from rollout_bus.wire.topics import Topics
@@ -31,12 +31,8 @@ def declared_by(role: str) -> str:
     return f"{role}@{socket.gethostname()}:{os.getpid()}"
 
 
-def _first_declaration(conn: Mapping[str, Any], topic: str, timeout_s: float) -> tuple[RunBatching, str] | None:
-    reader = TopicReader(conn, [topic])
-    try:
-        records = sorted(reader.read_to_end(timeout_s)[topic], key=lambda r: (r.partition, r.offset))
-    finally:
-        reader.close()
+def _first_declaration(conn: Mapping[str, Any], topic: str, stall_s: float) -> tuple[RunBatching, str] | None:
+    records = sorted(read_topic(conn, topic, stall_s=stall_s), key=lambda r: (r.partition, r.offset))
     for record in records:
         if record.key == RUN_BATCHING_KEY:
             try:
@@ -63,11 +59,13 @@ def _declare(conn: Mapping[str, Any], topics: Topics, ours: RunBatching, timeout
 
 
 def check_run_batching(conn: Mapping[str, Any], topics: Topics, ours: RunBatching, *,
-                       timeout_s: float = 60.0) -> RunBatching:
+                       timeout_s: float = 10.0) -> RunBatching:
     """The run's batching, declared now if nobody has; ConfigError when ``ours`` differs from it.
 
-    Broker outages are waited out (``retry.retrying``), as every stage does at start."""
-    run, where = retrying(lambda: _declare(conn, topics, ours, timeout_s), f"declare the run's batching on {topics.run}")
+    Broker outages are waited out (``retry.retrying``), as every stage does at start: ``timeout_s`` bounds
+    each step (a read that stalls, a send), after which the whole declaration is tried again."""
+    run, where = retrying(lambda: _declare(conn, topics, ours, timeout_s),
+                          f"declare the run's batching on {topics.run}")
     differs = run.differences(ours)
     if differs:
         raise ConfigError(f"this {ours.declared_by} has batching that differs from the run's, declared by "

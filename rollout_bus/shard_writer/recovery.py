@@ -24,7 +24,7 @@ Contract:
   ``counts.batches_found`` and ``counts.batches_reannounced`` grow as it goes; it returns the batches
   found.
 * ``announced_on(conn, topic, retry)``: the pairs of every announcement on ``topic``, read to its end
-  with a group-less ``rollout_bus.kafka.reader.TopicReader``. The writer's ``retry``
+  with a group-less reader (``rollout_bus.kafka.reader.read_topic``). The writer's ``retry``
   (``rollout_bus.kafka.retry.retrying``) repeats the whole read, with a fresh reader, through broker
   outages of any length: ``read_to_end(stall_s=STALL_S)`` bounds each offset request and turns
   ``STALL_S`` without a record before the end into a transient ``Unavailable``.
@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.reader import read_topic
 from rollout_bus.shard_writer.batcher import Batcher
 from rollout_bus.shard_writer.out_dir import WrittenBatch, announced_ids, scan_out_dir
 
@@ -56,13 +56,8 @@ class RecoveryCounts(Protocol):
 
 def announced_on(conn: Mapping[str, Any], topic: str, retry: Retry) -> Announced:
     """(batch name, manifest_sha256) of every announcement on ``topic``, through broker outages."""
-    def read() -> list[Any]:
-        reader = TopicReader(conn, [topic])
-        try:
-            return reader.read_to_end(stall_s=STALL_S)[topic]
-        finally:
-            reader.close()
-    return announced_ids(record.value for record in retry(read, "read announcements from rollout.shards"))
+    records = retry(lambda: read_topic(conn, topic, stall_s=STALL_S), "read announcements from rollout.shards")
+    return announced_ids(record.value for record in records)
 
 
 def recover(out_dir: Path, batcher: Batcher, *, read_announced: Callable[[], Announced],

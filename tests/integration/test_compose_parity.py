@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.groups import stable_group
 from rollout_bus.model.shards import read_manifest, verify_batch
 from tests.unit.compose.test_compose import BASE, command_path, environment, load
 
@@ -129,17 +130,8 @@ def shard_episode_keys(out: Path) -> list[str]:
 
 def assignments(client_kwargs: dict, group: str, topic: str) -> list[list[int]]:
     """Per member of a stable consumer group, its partitions of ``topic`` (empty while rebalancing)."""
-    from kafka import KafkaAdminClient
-    from kafka.errors import CoordinatorNotAvailableError, NotCoordinatorError
-
-    admin = KafkaAdminClient(**client_kwargs)
-    try:
-        info = admin.describe_groups([group]).get(group, {})
-    except (CoordinatorNotAvailableError, NotCoordinatorError):
-        return []  # the group's coordinator is still being elected (a group not yet joined): ask again
-    finally:
-        admin.close()
-    if info.get("group_state") != "Stable":
+    info = stable_group(client_kwargs, group)
+    if info is None:
         return []
     return [sorted(p for a in (m.get("member_assignment") or {}).get("assigned_partitions", []) if a["topic"] == topic
                    for p in a["partitions"]) for m in info.get("members") or []]

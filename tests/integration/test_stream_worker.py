@@ -13,9 +13,9 @@ from collections import defaultdict
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
-from kafka.admin import KafkaAdminClient
 
 from rollout_bus.sim.generator import iter_turns
+from tests.integration.groups import stable_group
 from rollout_bus.publish.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter
@@ -212,17 +212,13 @@ def test_a_worker_killed_mid_run_and_restarted_loses_no_episode(kafka_bootstrap,
 
 
 def _wait_for_stable_group(kafka_bootstrap, group, members, timeout_s=60.0):
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            state = admin.describe_groups([group])[group]
-            if state["group_state"] == "Stable" and len(state["members"]) == members:
-                time.sleep(1.0)  # table recovery of the (empty) changelog after the assignment
-                return
-            time.sleep(0.5)
-    finally:
-        admin.close()
+    while time.monotonic() < deadline:
+        state = stable_group({"bootstrap_servers": kafka_bootstrap}, group)
+        if state is not None and len(state["members"]) == members:
+            time.sleep(1.0)  # table recovery of the (empty) changelog after the assignment
+            return
+        time.sleep(0.5)
     raise AssertionError(f"group {group} did not settle with {members} members in {timeout_s}s")
 
 

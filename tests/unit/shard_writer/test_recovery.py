@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from rollout_bus.kafka import reader as kafka_reader
 from rollout_bus.errors import Unavailable
 from rollout_bus.kafka.retry import retrying
 from rollout_bus.shard_writer import recovery
@@ -86,7 +87,7 @@ def test_announcements_are_read_to_the_end_through_broker_outages_with_a_fresh_r
                                                                                                 monkeypatch):
     values = write_batches(tmp_path, [0, 1])
     FakeReader.opened, FakeReader.values = [], [values[0], None, values[1]]
-    monkeypatch.setattr(recovery, "TopicReader", FakeReader)
+    monkeypatch.setattr(kafka_reader, "TopicReader", FakeReader)  # read_topic builds one per try
     waits = []
 
     def retry(operation, what):
