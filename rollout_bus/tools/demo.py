@@ -31,7 +31,7 @@ from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.tools.processes import StageProcess
-from rollout_bus.sim.trainer import TrainingCheck, read_trained, reconcile_training, staleness_problems
+from rollout_bus.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.tools.demo import written_batches
-from rollout_bus.sim.trainer import read_trained, reconcile_training
+from rollout_bus.feed.training import read_trained, reconcile_training
 from tests.integration.pipeline_harness import run_pipeline
 
 pytestmark = pytest.mark.kafka

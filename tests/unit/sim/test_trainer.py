@@ -17,9 +17,10 @@ from rollout_bus.cli.train_sim import parse_ranks
 from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.model.shards import load_shard, shard_tensors, write_batch_shards
 from rollout_bus.model.trainer_math import shard_support_log_probs
-from rollout_bus.sim.trainer import (CHECKPOINT_NAME, TRAINED_NAME, TrainSimOptions, TrainState, build_policy,
-                                         previous_tokens, rank_loss, read_trained, reconcile_training,
-                                         response_token_index, run_train_sim, train_step)
+from rollout_bus.feed.training import (CHECKPOINT_NAME, TRAINED_NAME, TrainState, read_trained, reconcile_training,
+                                       trained_jsonl)
+from rollout_bus.sim.trainer import (TrainSimOptions, build_policy, previous_tokens, rank_loss, response_token_index,
+                                     run_train_sim, train_step)
 
 VOCAB, DIM = 64, 8
 
@@ -301,7 +302,7 @@ def test_a_missing_duplicated_unexpected_or_reordered_seq_is_caught():
 
 
 def test_trained_jsonl_is_one_json_object_per_line():
-    text = train_sim.trained_jsonl(rows((0, 0), (0, 1))).decode()
+    text = trained_jsonl(rows((0, 0), (0, 1))).decode()
     assert [json.loads(line) for line in text.splitlines()] == rows((0, 0), (0, 1))
 
 
