@@ -2,9 +2,9 @@
 
 The folder tree is the data-flow diagram (docs/architecture.md), and these contracts keep it so:
 
-* layers, top down: ``cli`` -> ``tools`` -> (``sim`` | ``observe``) -> the stages (``publish`` |
+* layers, top down: ``cli`` -> ``tools`` -> (``sim`` | ``learn`` | ``observe``) -> the stages (``publish`` |
   ``stream`` | ``shard_writer`` | ``feed``, independent of each other) -> ``kafka`` -> ``config`` ->
-  ``wire`` (how a rollout travels) -> ``model`` (what a rollout is) -> ``errors``;
+  ``policy`` (the model both ends run) -> ``wire`` (how a rollout travels) -> ``model`` (what a rollout is) -> ``errors``;
 * the contracts (``wire``, ``model`` and the modules loose at the package root, found on disk, so a
   new one cannot be left out) import none of the layers above them and no Kafka client library;
 * only ``rollout_bus.kafka`` and ``rollout_bus.stream.app`` (the Faust app) import ``kafka``,
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "rollout_bus"
 STAGES = ("publish", "stream", "shard_writer", "feed")
 # Top down; names in one tuple are independent of each other.
-LAYERS = (("cli",), ("tools",), ("sim", "observe"), STAGES, ("kafka",), ("config",), ("wire",), ("model",),
-          ("errors",))
+LAYERS = (("cli",), ("tools",), ("sim", "learn", "observe"), STAGES, ("kafka",), ("config",), ("policy",), ("wire",),
+          ("model",), ("errors",))
 CONTRACT_PACKAGES = ("wire", "model")
 CLIENT_LIBRARIES = ("kafka", "aiokafka", "faust")
 CLIENT_OWNERS = ("rollout_bus.kafka", "rollout_bus.stream.app")
@@ -74,8 +74,8 @@ def config_text() -> str:
     return "\n".join([
         "[importlinter]\n" + _lines("root_packages", (PACKAGE,)) + "include_external_packages = True\n"
         "contracts =\n    layers\n    contracts-do-no-io\n    one-place-for-kafka\n",
-        "[importlinter:contract:layers]\nname = Layers: cli -> tools -> (sim | observe) -> stages -> kafka -> "
-        "config -> wire -> model -> errors\ntype = layers\n" + _lines("layers", layer_lines),
+        "[importlinter:contract:layers]\nname = Layers: cli -> tools -> (sim | learn | observe) -> stages -> kafka -> "
+        "config -> policy -> wire -> model -> errors\ntype = layers\n" + _lines("layers", layer_lines),
         "[importlinter:contract:contracts-do-no-io]\n"
         "name = Contracts do no I/O: the wire and the data model import no layer above them and no Kafka client\n"
         "type = forbidden\n" + _lines("source_modules", contract_modules())

@@ -52,7 +52,7 @@ from rollout_bus.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
     from rollout_bus.publish.broker_wait import BrokerWait
-    from rollout_bus.sim.generator import GenerateSummary
+    from rollout_bus.publish.run import GenerateSummary
     from rollout_bus.publish.staleness_gate import GateWait
 
 console = Console(stderr=True)

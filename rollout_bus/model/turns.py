@@ -17,6 +17,12 @@ Contract:
   tokens so far) is continued by the next turn record, whose tokens are the aborted turn's followed
   directly by the rest of the response: nothing is inserted between them, and the merge gives the
   same tokens, loss mask, log-probs and masks as the uninterrupted turn would have.
+* ``split_turn(sample, at, old_version, new_version)`` -> ``(aborted, continuation)``: a turn whose first
+  ``at`` response tokens (``0 < at < response_length``) were generated under ``old_version`` and the rest
+  under ``new_version``, as the two records an engine that swapped weights mid-turn sends: the aborted
+  part (status ABORTED, no reward, versions ``old_version``, ``weight_versions`` ``[old_version]``) and its
+  continuation (the whole context, the rest of the response and its per-token fields, status and reward,
+  versions ``new_version``). Merging them gives the input back exactly; only the versions show the change.
 * ``rollout_token_versions`` (per response token, -1 for tokens not generated) are concatenated,
   with -1 for the observation tokens; when any merged turn lacks them the segment has none.
 * Inputs are never mutated. Merged token data is held in numpy arrays (tokens and loss mask
@@ -269,3 +275,36 @@ def merge_samples(samples: Sequence[Sample], *, tokenizer: Any = None) -> list[S
     if current is not None:
         segments.append(current.finish())
     return segments
+
+
+def _mask_suffix(mask: RolloutSamplingMask, at: int) -> RolloutSamplingMask:
+    ids, offsets = mask.as_arrays()
+    return RolloutSamplingMask.from_mask_list([ids[offsets[t]:offsets[t + 1]] for t in range(at, len(mask))])
+
+
+def split_turn(sample: Sample, at: int, old_version: int, new_version: int) -> tuple[Sample, Sample]:
+    """The aborted partial turn and its continuation (see the module docstring)."""
+    rl = sample.response_length
+    if not 0 < at < rl:
+        raise ContractError(must_be("interruption point", f"in (0, response_length={rl})", at))
+    versions = None
+    if sample.rollout_token_versions is not None:
+        versions = np.asarray(sample.rollout_token_versions, np.int64).copy()
+        versions[:at] = np.where(versions[:at] >= 0, old_version, -1)
+        versions[at:] = np.where(versions[at:] >= 0, new_version, -1)
+    aborted = copy.deepcopy(sample)
+    aborted.rollout_token_versions = versions.copy() if versions is not None else None
+    aborted.strip_last_output_tokens(rl - at)
+    aborted.status, aborted.reward, aborted.weight_versions = Status.ABORTED, None, [str(old_version)]
+    continuation = copy.deepcopy(sample)
+    continuation.response_length = rl - at
+    for name in ("loss_mask", "rollout_log_probs"):
+        value = getattr(sample, name)
+        setattr(continuation, name, None if value is None else np.asarray(value)[at:].copy())
+    continuation.rollout_token_versions = versions[at:] if versions is not None else None
+    continuation.weight_versions = [str(new_version)]
+    if sample.rollout_sampling_mask is not None:
+        continuation.rollout_sampling_mask = _mask_suffix(sample.rollout_sampling_mask, at)
+    aborted.validate()
+    continuation.validate()
+    return aborted, continuation

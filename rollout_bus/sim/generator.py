@@ -5,7 +5,8 @@ Contract:
 * ``iter_turns(settings)`` yields ``(sample, args)`` for every turn, where ``args`` holds the
   ``publish_turn`` keywords ``turn``, ``attempt``, ``final`` and ``group_size``; no Kafka is
   involved. The same settings (seed included) yield the same samples in the same order.
-* ``ceil(episodes / n_samples_per_prompt)`` prompt groups, assigned to the adapters round-robin.
+* ``ceil(episodes / n_samples_per_prompt)`` prompt groups (``rollout_bus.publish.groups.plan_groups``), assigned to
+  the adapters round-robin.
   ``group_index`` counts the step's prompt groups across adapters (group g goes to adapter g mod A),
   so a step batch's range of group indices is complete from the episodes alone; each adapter numbers
   its own ``index`` (= ``rollout_id``) from 0, because ids are local to each adapter's data source.
@@ -14,7 +15,7 @@ Contract:
 * Order: groups one after another; inside a group the live episodes advance one turn per round
   and their turns come out in index order, as concurrent engine calls would. The steps of all of
   a round's rollouts are batched: one ``[B, V]`` policy call and one sampling op per step.
-* ``publish_generated(settings, publisher, progress=...)`` sends all of it (plus the deliberate
+* ``publish_generated(settings, publisher, progress=...)`` sends all of it (``rollout_bus.publish.run``) (plus the deliberate
   faults of ``inject_faults``), then, with ``end_of_run`` on, closes the run (``run_id``, or a
   fresh uuid hex) with ``publisher.publish_end_of_run`` once everything is acknowledged, and
   returns a ``GenerateSummary`` naming the run.
@@ -30,11 +31,8 @@ Contract:
 from __future__ import annotations
 
 import logging
-import math
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -42,55 +40,22 @@ import torch
 from rollout_bus.sim.environment import ToolEnvironment
 from rollout_bus.sim.episode import Episode, EpisodeId, TurnDraft
 from rollout_bus.sim.faults import FaultPlan
-from rollout_bus.sim.interruption import interruption_point, split_turn
+from rollout_bus.sim.interruption import interruption_point
 from rollout_bus.sim.policy import Policy
 from rollout_bus.sim.sampling import SamplingParams, sample_tokens
+from rollout_bus.publish.groups import GroupSpec, parse_adapters, plan_groups
+from rollout_bus.publish.run import GenerateSummary, ProgressFn, publish_turns
 from rollout_bus.publish.staleness_gate import StalenessGate
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
-from rollout_bus.model.sample import AdapterRef, Sample, Status
-from rollout_bus.wire.rollout_key import rollout_key_of
+from rollout_bus.model.sample import Sample
+from rollout_bus.model.turns import split_turn
 
 logger = logging.getLogger(__name__)
 
 _PROMPT_STREAM = 1 << 29
 _ENGINE_STREAM = 1 << 28
 _INTERRUPT_STREAM = 1 << 27
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """One prompt group: which adapter, its index in the step, how many episodes, its first sample index."""
-
-    adapter: AdapterRef | None
-    group_index: int
-    size: int
-    first_index: int
-
-
-def parse_adapters(spec: str) -> list[AdapterRef | None]:
-    """``"math,code"`` -> ``[AdapterRef("math", 0), AdapterRef("code", 1)]``; ``""`` -> ``[None]``."""
-    names = [name.strip() for name in spec.split(",") if name.strip()]
-    if len(set(names)) != len(names):
-        raise ConfigError(must_be("adapters", "distinct names", spec))
-    return [AdapterRef(name, slot) for slot, name in enumerate(names)] or [None]
-
-
-def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
-    """Every prompt group, in publishing order.
-
-    Group indices count the RL step's prompt groups across adapters (group g goes to adapter
-    g mod A), so a step batch's range of group indices is complete from the episodes alone; each
-    adapter's data source numbers its own samples (``index``/``rollout_id``) from 0.
-    """
-    n = settings.n_samples_per_prompt
-    adapters = parse_adapters(settings.adapters)
-    groups = []
-    for g in range(math.ceil(settings.episodes / n)):
-        local = g // len(adapters)
-        size = min(n, settings.episodes - g * n)
-        groups.append(GroupSpec(adapters[g % len(adapters)], g, size, local * n))
-    return groups
 
 
 def _check(settings: GenerateSettings) -> SamplingParams:
@@ -200,78 +165,16 @@ class _TurnShifts:
         yield continuation, {**args, "turn": args["turn"] + 1}
 
 
-@dataclass
-class GenerateSummary:
-    """What a run sent: the finished episodes (key string, attempt of the final turn), turns, bytes
-    (turn and fault records' keys plus values, headers and end-of-run records excluded), the
-    deliberate faults, the run id, and on how many partitions the run was closed (0: not closed). With a
-    staleness gate: the least and greatest live weight versions seen, and the waits for the trainer."""
-
-    episodes: list[tuple[str, int]] = field(default_factory=list)
-    turns_sent: int = 0
-    interrupted_turns: int = 0  # turns cut by new weights (each sent as an ABORTED part and its continuation)
-    bytes_sent: int = 0
-    faults: list[dict] = field(default_factory=list)
-    run_id: str = ""
-    end_of_run_partitions: int = 0
-    live_version_min: int | None = None
-    live_version_max: int | None = None
-    weight_waits: int = 0
-    weight_waited_s: float = 0.0
-
-    def to_json(self) -> dict:
-        return {"run_id": self.run_id, "episodes": [list(e) for e in self.episodes],
-                "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent,
-                "interrupted_turns": self.interrupted_turns,
-                "bytes_sent": self.bytes_sent, "faults": self.faults,
-                "end_of_run_partitions": self.end_of_run_partitions,
-                "live_version_min": self.live_version_min, "live_version_max": self.live_version_max,
-                "weight_waits": self.weight_waits, "weight_waited_s": round(self.weight_waited_s, 3)}
-
-    def saw(self, gate: StalenessGate | None) -> None:
-        """Take in what the gate saw (the live versions, the waits)."""
-        if gate is not None:
-            self.live_version_min, self.live_version_max = gate.lowest, gate.highest
-            self.weight_waits, self.weight_waited_s = gate.waits, gate.waited_s
-
-
-ProgressFn = Callable[[GenerateSummary], None]
 
 
 def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None,
                       gate: StalenessGate | None = None) -> GenerateSummary:
-    """Generate and publish everything; flush; return what was sent.
+    """Generate and publish everything (``rollout_bus.publish.run.publish_turns``), with the deliberate
+    faults of ``inject_faults`` sent after the turns; return what was sent."""
 
-    ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``send_raw``, ``flush``,
-    ``publish_end_of_run`` and ``bytes_sent``). ``progress`` is called with the running summary
-    after every turn. ``gate``: the staleness bound (see ``iter_turns``).
-    """
-    summary = GenerateSummary(run_id=settings.run_id or uuid.uuid4().hex)
-    start_bytes = publisher.bytes_sent
-    last_final: tuple[Sample, dict] | None = None
-    for sample, args in iter_turns(settings, gate):
-        publisher.publish_turn(sample, **args)
-        summary.turns_sent += 1
-        summary.interrupted_turns += sample.status is Status.ABORTED
-        summary.saw(gate)
-        if args["final"]:
-            summary.episodes.append((rollout_key_of(sample), args["attempt"]))
-            last_final = last_final or (sample, args)
-        summary.bytes_sent = publisher.bytes_sent - start_bytes
-        if progress is not None:
-            progress(summary)
-    if settings.inject_faults:
-        plan = FaultPlan(settings, parse_adapters(settings.adapters)[0])
-        summary.faults = plan.publish(publisher, last_final, summary.episodes)
-    publisher.flush()
-    summary.bytes_sent = publisher.bytes_sent - start_bytes
-    if settings.end_of_run:
-        summary.end_of_run_partitions = publisher.publish_end_of_run(summary.run_id)
-    summary.saw(gate)
-    logger.info("generated run=%s episodes=%d turns=%d bytes=%d faults=%d end_of_run_partitions=%d", summary.run_id,
-                len(summary.episodes), summary.turns_sent, summary.bytes_sent, len(summary.faults),
-                summary.end_of_run_partitions)
-    if gate is not None:
-        logger.info("weights run=%s live_version_min=%s live_version_max=%s waits=%d waited_s=%.1f", summary.run_id,
-                    summary.live_version_min, summary.live_version_max, summary.weight_waits, summary.weight_waited_s)
-    return summary
+    def faults(summary: GenerateSummary, last_final: tuple[Sample, dict] | None) -> None:
+        if settings.inject_faults:
+            plan = FaultPlan(settings, parse_adapters(settings.adapters)[0])
+            summary.faults = plan.publish(publisher, last_final, summary.episodes)
+
+    return publish_turns(settings, iter_turns(settings, gate), publisher, progress, gate, faults)

@@ -42,7 +42,7 @@ def test_stream_replication_factor_falls_back_to_the_environment_then_one(worker
 @pytest.fixture
 def generate_runs(monkeypatch):
     import rollout_bus.cli.generate as generate
-    from rollout_bus.sim.generator import GenerateSummary
+    from rollout_bus.publish.run import GenerateSummary
 
     runs: list = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollout_bus.sim.interruption import split_turn
+from rollout_bus.model.turns import split_turn
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask

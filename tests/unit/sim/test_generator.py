@@ -10,7 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
-from rollout_bus.sim.generator import iter_turns, parse_adapters, plan_groups, publish_generated
+from rollout_bus.publish.groups import parse_adapters, plan_groups
+from rollout_bus.sim.generator import iter_turns, publish_generated
 from rollout_bus.sim.policy import Policy
 from rollout_bus.sim.sampling import SamplingParams, sample_tokens
 from rollout_bus.wire.codec import decode_samples

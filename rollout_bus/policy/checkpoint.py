@@ -1,0 +1,109 @@
+"""Policy checkpoints: safetensors files written atomically and named by their sha256.
+
+Weights travel by reference: the trainer writes ``policy-v{version:06d}.safetensors`` and publishes
+its path, size and sha256 on rollout.weights; a generator loads it between engine calls. A file whose
+bytes do not hash to the published sha256 (a torn copy, a wrong mount, a tampered file) is refused
+by name and the generator keeps the weights it has: never trust a checkpoint you cannot verify.
+
+Contract:
+
+* ``save_checkpoint(model, directory, version, step)`` -> ``CheckpointRef(path, version, step, sha256,
+  bytes)``: the state dict (the tied unembedding once) with metadata ``format``, ``config`` (the
+  ``LlamaConfig`` as JSON), ``version`` and ``step``; written to a temporary file, fsync'd, renamed.
+* ``read_checkpoint(path, sha256=None, device=None)`` -> ``(model, metadata)``; with ``sha256`` the file's
+  digest must match, else ``CheckpointError`` naming the file and both digests. A file that is not
+  such a checkpoint is a ``CheckpointError`` too.
+* ``checkpoint_path(directory, version)``: where version ``version`` is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rollout_bus.errors import ContractError
+from rollout_bus.model.shards import write_atomic
+from rollout_bus.policy.model import model_from_config
+
+FORMAT = "rollout-bus-policy/1"
+_TIED = "lm_head.weight"
+
+
+class CheckpointError(ContractError):
+    """A checkpoint that is not what was published, or not a checkpoint at all."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """Where a version's weights are, and how to know them."""
+
+    path: Path
+    version: int
+    step: int
+    sha256: str
+    bytes: int
+
+
+def checkpoint_path(directory: str | Path, version: int) -> Path:
+    return Path(directory) / f"policy-v{int(version):06d}.safetensors"
+
+
+def sha256_of(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_checkpoint(model: LlamaForCausalLM, directory: str | Path, version: int, step: int) -> CheckpointRef:
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()
+             if not (k == _TIED and model.config.tie_word_embeddings)}
+    metadata = {"format": FORMAT, "config": model.config.to_json_string(use_diff=False), "version": str(int(version)),
+                "step": str(int(step))}
+    data = save_tensors(state, metadata=metadata)
+    path = checkpoint_path(directory, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data)
+    return CheckpointRef(path, int(version), int(step), hashlib.sha256(data).hexdigest(), len(data))
+
+
+def _metadata(data: bytes, path: Path) -> dict[str, str]:
+    try:
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + header_len])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: not a safetensors file ({exc})") from None
+    meta = header.get("__metadata__") or {}
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def read_checkpoint(path: str | Path, sha256: str | None = None,
+                    device: torch.device | str | None = None) -> tuple[LlamaForCausalLM, dict[str, str]]:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path}: cannot be read ({exc.strerror or exc})") from None
+    if sha256 is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise CheckpointError(f"checkpoint {path}: sha256 {digest} does not match the published {sha256}; "
+                                  "refused")
+    meta = _metadata(data, path)
+    try:
+        state = load_tensors(data)
+        model = model_from_config(LlamaConfig.from_dict(json.loads(meta["config"])), device)
+    except (SafetensorError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path}: unreadable ({exc})") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not (k == _TIED and model.config.tie_word_embeddings)]:
+        raise CheckpointError(f"checkpoint {path}: tensors missing {missing} or unexpected {unexpected}")
+    model.tie_weights()
+    return model, meta

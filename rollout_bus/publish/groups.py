@@ -1,0 +1,51 @@
+"""How a generator numbers its prompt groups: the contract the shard writer's step batching relies on.
+
+Group indices count the RL step's prompt groups across adapters (group g goes to adapter g mod A),
+so a step batch's range of group indices is complete from the episodes alone; each adapter's data
+source numbers its own samples (``index``/``rollout_id``) from 0. Every generator (the simulated
+one, the real policy's) plans its groups here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rollout_bus.config import GenerateSettings
+from rollout_bus.errors import ConfigError, must_be
+from rollout_bus.model.sample import AdapterRef
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One prompt group: which adapter, its index in the step, how many episodes, its first sample index."""
+
+    adapter: AdapterRef | None
+    group_index: int
+    size: int
+    first_index: int
+
+
+def parse_adapters(spec: str) -> list[AdapterRef | None]:
+    """``"math,code"`` -> ``[AdapterRef("math", 0), AdapterRef("code", 1)]``; ``""`` -> ``[None]``."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if len(set(names)) != len(names):
+        raise ConfigError(must_be("adapters", "distinct names", spec))
+    return [AdapterRef(name, slot) for slot, name in enumerate(names)] or [None]
+
+
+def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
+    """Every prompt group, in publishing order.
+
+    Group indices count the RL step's prompt groups across adapters (group g goes to adapter
+    g mod A), so a step batch's range of group indices is complete from the episodes alone; each
+    adapter's data source numbers its own samples (``index``/``rollout_id``) from 0.
+    """
+    n = settings.n_samples_per_prompt
+    adapters = parse_adapters(settings.adapters)
+    groups = []
+    for g in range(math.ceil(settings.episodes / n)):
+        local = g // len(adapters)
+        size = min(n, settings.episodes - g * n)
+        groups.append(GroupSpec(adapters[g % len(adapters)], g, size, local * n))
+    return groups
