@@ -216,12 +216,13 @@ class ShardFeed:
 
     # ------------------------------------------------------------------ the loop back to the generators
 
-    def publish_version(self, version: int, step: int) -> WeightVersion:
+    def publish_version(self, version: int, step: int, *, uri: str | None = None, sha256: str | None = None,
+                        size: int | None = None) -> WeightVersion:
         """Say on rollout.weights that the trainer's weights at ``version`` are live, after optimizer
         step ``step`` (after training batch k: version k + 1, step k). One rank publishes."""
         if self._publisher is None:
             self._publisher = WeightPublisher(self._conn, self.topics)
-        return self._publisher.publish(version, step)
+        return self._publisher.publish(version, step, uri=uri, sha256=sha256, size=size)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -5,7 +5,8 @@ generators read it to stamp their turns and to hold back work that would be too 
 
 Contract:
 
-* ``WeightPublisher(conn, topics)``: ``publish(version, step)`` sends a ``records.WeightVersion``
+* ``WeightPublisher(conn, topics)``: ``publish(version, step, uri=, sha256=, size=)`` sends a ``records.WeightVersion``
+  (with the checkpoint's place, digest and size when the trainer ships its weights)
   (key ``WEIGHTS_KEY``, acks=all) and returns once the broker has it. A version below the last
   one this publisher sent is a ``ConfigError`` (versions only grow).
 * ``WeightWatcher(conn, topics, initial=0)`` reads rollout.weights group-less from its beginning
@@ -46,12 +47,13 @@ class WeightPublisher:
         self._producer = new_producer(conn, acks="all", client_id="rollout-bus-weights")
         self._last: int | None = None
 
-    def publish(self, version: int, step: int) -> WeightVersion:
+    def publish(self, version: int, step: int, *, uri: str | None = None, sha256: str | None = None,
+                size: int | None = None) -> WeightVersion:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ConfigError(must_be("weight version", "an int >= 0", version))
         if self._last is not None and version < self._last:
             raise ConfigError(must_be("weight version", f">= {self._last} (the last one published)", version))
-        record = WeightVersion(version, int(step), time.time_ns() // 1_000_000)
+        record = WeightVersion(version, int(step), time.time_ns() // 1_000_000, uri, sha256, size)
         self._producer.send(self.topic, key=WEIGHTS_KEY, value=record.value()).get(timeout=SEND_TIMEOUT_S)
         self._last = version
         logger.info("published weights version=%d step=%d topic=%s", version, step, self.topic)
