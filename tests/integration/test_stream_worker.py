@@ -193,13 +193,18 @@ def _encode(sample):
 def test_a_worker_killed_mid_run_and_restarted_loses_no_episode(kafka_bootstrap, topics, app_id, tmp_path):
     turns = _generated(48, seed=7)
     expected = _expected_episodes(turns)
-    _publish(kafka_bootstrap, topics, turns)
+    # Half the turns before the kill, half after: the restarted worker must finish episodes the first one
+    # began (their turns are in its state changelog), and it is surely running (signal handlers in place)
+    # when the last episode arrives. With every turn published at once, the first worker could emit every
+    # episode before its kill, and the SIGTERM below would reach a worker still importing (exit -15).
+    _publish(kafka_bootstrap, topics, turns[:len(turns) // 2])
     episodes = Reader(kafka_bootstrap, topics.episodes)
     worker = Worker(kafka_bootstrap, topics, app_id, tmp_path, "first")
     try:
         episodes.until(lambda rs: len(rs) >= 3)
         assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
         again = Worker(kafka_bootstrap, topics, app_id, tmp_path, "second")
+        _publish(kafka_bootstrap, topics, turns[len(turns) // 2:])
         got = episodes.until(lambda rs: _keys(rs) >= set(expected), timeout_s=90)
         assert _keys(got) == set(expected), again.log()
         for record in got:  # a re-emitted episode is the same episode
