@@ -124,6 +124,9 @@ class GenerateSettings(BatchingSettings):
     # share of turns interrupted when the live version changes mid-turn (an aborted partial turn, then
     # its continuation under the new version)
     interrupt_prob: float = Field(0.0, ge=0, le=1)
+    # who samples: "sim", the seeded stand-in with every knob above; "policy", the real policy
+    # (rollout_bus.learn: calculator episodes, the trainer's weights; the episode-shape knobs do not apply)
+    engine: Literal["sim", "policy"] = "sim"
 
 
 class StreamSettings(_Settings):

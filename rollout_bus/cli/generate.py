@@ -3,7 +3,9 @@
 More than a parser: it wires the run (waits for the cluster, creates missing topics, builds the
 weight watcher, the staleness gate and the ``TurnPublisher``), draws the progress line, turns
 SIGTERM/SIGINT into a clean stop while it follows the weights, and prints and writes the summary; the
-episodes themselves come from ``rollout_bus.sim.generator.publish_generated``.
+episodes themselves come from ``rollout_bus.sim.generator.publish_generated`` (``--engine sim``, the
+default) or ``rollout_bus.learn.generator.publish_policy_turns`` (``--engine policy``: the real policy,
+which loads every checkpoint the trainer publishes and, following it, first waits for one).
 
 Also ``python -m rollout_bus.cli.generate``. Progress (turns sent) goes to stderr with rich; the
 summary (run id, finished episodes with their attempts, turns, bytes, faults) is printed, and
@@ -92,8 +94,9 @@ class StopSignals:
 
 def _run(settings: GenerateSettings, kafka: KafkaSettings,
          stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
-    from rollout_bus.sim.generator import publish_generated  # torch: imported only when generating, so the
-    from rollout_bus.publish.publisher import TurnPublisher       # rest of the CLI starts fast
+    from rollout_bus.learn.generator import publish_policy_turns  # torch: imported only when generating, so
+    from rollout_bus.sim.generator import publish_generated        # the rest of the CLI starts fast
+    from rollout_bus.publish.publisher import TurnPublisher
     from rollout_bus.publish.staleness_gate import StalenessGate
 
     kwargs = kafka.client_kwargs()
@@ -142,7 +145,11 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
             with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
                                delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait,
                                **kwargs) as publisher:
-                summary = publish_generated(settings, publisher, progress=update, gate=gate)
+                if settings.engine == "policy":
+                    summary = publish_policy_turns(settings, publisher, watcher, progress=update, gate=gate,
+                                                   stop=stop)
+                else:
+                    summary = publish_generated(settings, publisher, progress=update, gate=gate)
             update(summary)
     finally:
         if watcher is not None:
@@ -192,6 +199,9 @@ def generate(
                                                 help="Share of turns cut when the live weights change while they "
                                                      "are generated: an ABORTED partial turn, then its "
                                                      "continuation under the new version (default 0)."),
+    engine: str | None = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or "
+                                      "'policy' (the real policy on the calculator task, following the trainer's "
+                                      "weights when --follow-weights or --max-staleness is given)."),
     summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
@@ -207,7 +217,7 @@ def generate(
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
-        batching=batching, interrupt_prob=interrupt_prob)
+        batching=batching, interrupt_prob=interrupt_prob, engine=engine)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     signals = StopSignals()
     try:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -46,6 +45,7 @@ from rollout_bus.sim.sampling import SamplingParams, sample_tokens
 from rollout_bus.publish.groups import GroupSpec, parse_adapters, plan_groups
 from rollout_bus.publish.run import GenerateSummary, ProgressFn, publish_turns
 from rollout_bus.publish.staleness_gate import StalenessGate
+from rollout_bus.publish.torch_threads import torch_threads
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.sample import Sample
@@ -63,17 +63,6 @@ def _check(settings: GenerateSettings) -> SamplingParams:
         raise ConfigError(must_be("min_response_len", f"<= max_response_len={settings.max_response_len}",
                                   settings.min_response_len))
     return SamplingParams(settings.temperature, settings.top_p, settings.top_k)
-
-
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    if n > 0:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _engine_generator(settings: GenerateSettings, group: GroupSpec, round_: int) -> torch.Generator:
@@ -118,7 +107,7 @@ def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) ->
     ``gate``, each group starts once the gate admits it and engine calls carry the live version."""
     params = _check(settings)
     faults = FaultPlan(settings, parse_adapters(settings.adapters)[0])
-    with _torch_threads(settings.torch_threads):
+    with torch_threads(settings.torch_threads):
         policy = Policy(settings.vocab_size, settings.seed, dim=settings.policy_dim)
         env = ToolEnvironment(settings.vocab_size)
         for group in plan_groups(settings):
