@@ -11,7 +11,7 @@ import typer
 
 from rollout_bus.cli import options
 from rollout_bus.cli import (demo, end_run, exporter, generate, inspect, kafka, replay, report, shards, stream, tail,
-                             topics, train_sim)
+                             topics, train, train_sim)
 
 app = typer.Typer(
     name="rollout-bus",
@@ -32,6 +32,7 @@ app.command("exporter")(exporter.exporter)
 app.command("report")(report.report)
 app.command("replay")(replay.replay)
 app.command("inspect")(inspect.inspect)
+app.command("train")(train.train)
 app.command("train-sim")(train_sim.train_sim)
 
 

@@ -39,6 +39,8 @@ Contract:
   ``rollout_sampling_mask_offsets``); ``logits`` is ``[R, V]`` for the shard's ``R`` response
   tokens in shard order; the targets are each sample's last ``response_lengths[i]`` tokens.
   Raises ``ContractError`` when the shard has no sampling masks or the sizes disagree.
+* ``response_token_index(tensors)``: where each response token of a shard sits in its flat ``tokens``
+  (``[R]`` int64, shard order), the rows a trainer gathers its logits for.
 * ``grpo_tis_loss(new_log_probs, rollout_log_probs, advantages, loss_mask, *, clip_eps=0.2,
   tis_clip=2.0, old_log_probs=None)`` returns ``(loss, stats)``: the PPO/GRPO clipped surrogate
   ``-min(r * A, clip(r, 1 - eps, 1 + eps) * A)`` averaged over tokens with ``loss_mask == 1``
@@ -186,6 +188,21 @@ def importance_ratios(new_log_probs: torch.Tensor, rollout_log_probs: torch.Tens
     return ratio, tis_weight
 
 
+def _response_index(token_offsets: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    # Token index of every response token: sample i's response starts at tokens_offsets[i+1] - lengths[i];
+    # in shard order it starts at cumsum(lengths)[i] - lengths[i]. The difference is one shift per sample.
+    response_starts = lengths.cumsum(0) - lengths
+    shift = token_offsets[1:] - lengths - response_starts
+    return torch.arange(total, device=shift.device) + torch.repeat_interleave(shift, lengths, output_size=total)
+
+
+def response_token_index(tensors: Mapping[str, Any]) -> torch.Tensor:
+    """Index into the shard's flat ``tokens`` of every response token, in shard order, ``[R]`` int64."""
+    offsets = torch.as_tensor(tensors["tokens_offsets"]).to(torch.int64)
+    lengths = torch.as_tensor(tensors["response_lengths"]).to(torch.int64)
+    return _response_index(offsets, lengths, int(lengths.sum()))
+
+
 def shard_support_log_probs(logits: torch.Tensor, tensors: Mapping[str, Any]) -> torch.Tensor:
     """``support_log_probs`` over a whole shard's response tokens, in shard order, ``[R]``."""
     missing = [k for k in ("tokens", "tokens_offsets", "response_lengths") if k not in tensors]
@@ -208,11 +225,7 @@ def shard_support_log_probs(logits: torch.Tensor, tensors: Mapping[str, Any]) ->
     mask_offsets = _one_d_ints(_MASK_OFFSETS, torch.as_tensor(tensors[_MASK_OFFSETS]))
     if mask_offsets.numel() != total + 1:
         raise _problem(_MASK_OFFSETS, f"R+1 = {total + 1} entries", mask_offsets.numel())
-    # Token index of every response token: sample i's response starts at tokens_offsets[i+1] - lengths[i];
-    # in shard order it starts at cumsum(lengths)[i] - lengths[i]. The difference is one shift per sample.
-    response_starts = lengths.cumsum(0) - lengths
-    shift = token_offsets[1:] - lengths - response_starts
-    index = torch.arange(total, device=shift.device) + torch.repeat_interleave(shift, lengths, output_size=total)
+    index = _response_index(token_offsets, lengths, total)
     targets = tokens.to(logits.device)[index.to(logits.device)]
     ids = torch.as_tensor(tensors[_MASK_IDS])
     return support_log_probs(logits, targets, ids, mask_offsets)

@@ -50,7 +50,7 @@ from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.feed.training import CHECKPOINT_NAME, TrainState, mean_loss, next_batches
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
-from rollout_bus.model.trainer_math import grpo_tis_loss, shard_support_log_probs
+from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -141,16 +141,6 @@ def build_policy(vocab_size: int, dim: int, seed: int) -> TinyPolicy:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return TinyPolicy(vocab_size, dim)
-
-
-def response_token_index(tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Index into the flat ``tokens`` of every response token, in shard order, ``[R]`` int64."""
-    offsets = tensors["tokens_offsets"].to(torch.int64)
-    lengths = tensors["response_lengths"].to(torch.int64)
-    total = int(lengths.sum())
-    starts_in_shard = lengths.cumsum(0) - lengths
-    shift = offsets[1:] - lengths - starts_in_shard
-    return torch.arange(total) + torch.repeat_interleave(shift, lengths, output_size=total)
 
 
 def previous_tokens(tensors: Mapping[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor:
