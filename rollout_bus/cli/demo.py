@@ -15,15 +15,22 @@ from rollout_bus.tools.demo import DemoOptions, run_demo
 
 console = Console(stderr=True)
 
+# demo --learn: 8 prompt groups of 8 per batch, 80 batches
+LEARN_GROUPS_PER_BATCH, LEARN_SAMPLES_PER_PROMPT = 8, 8
+LEARN_EPISODES = 80 * LEARN_GROUPS_PER_BATCH * LEARN_SAMPLES_PER_PROMPT
+
 
 def demo(
     bootstrap_servers: str | None = options.BOOTSTRAP,
     topic_prefix: str | None = typer.Option(None, "--topic-prefix", envvar="ROLLOUT_BUS_TOPIC_PREFIX",
                                             help="Topic prefix (default: demo-<run id>., fresh topics per run)."),
-    episodes: int = typer.Option(64, "--episodes", min=1, help="Episodes to generate (episodes / n prompt groups)."),
+    episodes: int | None = typer.Option(None, "--episodes", min=1,
+                                        help="Episodes to generate (episodes / n prompt groups; default 64, with "
+                                             f"--learn {LEARN_EPISODES})."),
     seed: int = typer.Option(0, "--seed", help="Seeds the generator: the same seed gives byte-identical shards."),
     adapters: str = typer.Option("", "--adapters", help="Comma-separated LoRA adapters, e.g. math,code."),
-    n_samples_per_prompt: int = typer.Option(4, "--n-samples-per-prompt", min=1, help="Episodes per prompt group."),
+    n_samples_per_prompt: int | None = typer.Option(None, "--n-samples-per-prompt", min=1,
+                                                    help="Episodes per prompt group (default 4, with --learn 8)."),
     groups_per_batch: int | None = options.GROUPS_PER_BATCH,
     batching: str | None = options.BATCHING,
     dp_size: int = typer.Option(2, "--dp-size", min=1, help="Data-parallel ranks: one shard each per batch."),
@@ -36,6 +43,10 @@ def demo(
     interrupt_prob: float = typer.Option(0.0, "--interrupt-prob", min=0.0, max=1.0,
                                          help="With --max-staleness: share of turns cut (an aborted part and its "
                                               "continuation) when new weights go live while they are generated."),
+    learn: bool = typer.Option(False, "--learn", help="The real loop: the generator samples from the real policy, "
+                                                      "`rollout-bus train` trains it and ships every version back "
+                                                      "(implies --train; default --max-staleness 1, 8 groups of 8 "
+                                                      "per batch); exit 0 only if the reward rises."),
     port: int = options.PORT,
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
@@ -47,6 +58,12 @@ def demo(
     every written batch exactly once per rank, in seq order.
     """
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
+    if learn:  # the loop must be closed for the policy to see its own updates
+        train = True
+        max_staleness = 1 if max_staleness is None else max_staleness
+        groups_per_batch = groups_per_batch or LEARN_GROUPS_PER_BATCH
+    episodes = episodes or (LEARN_EPISODES if learn else 64)
+    n_samples_per_prompt = n_samples_per_prompt or (LEARN_SAMPLES_PER_PROMPT if learn else 4)
     run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
                                          max_staleness=max_staleness)
     if run_batching.max_staleness is not None and not train:
@@ -57,7 +74,7 @@ def demo(
                               n_samples_per_prompt=n_samples_per_prompt, batching=run_batching,
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
                               timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
-                              interrupt_prob=interrupt_prob)
+                              interrupt_prob=interrupt_prob, learn=learn)
     try:
         with BrokerLease(settings.bootstrap_servers or None, port=port,
                          echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:

@@ -9,7 +9,10 @@ finished is in exactly one written batch (``tools.accounting``: only the deliber
 everything it started is stopped either way. With ``train`` a fourth process, ``train-sim``
 (``tools.train_sim``), trains on every rank's shards as they are announced and exits at the run's
 end; the demo waits for it, and succeeds only if every written batch was trained exactly once per
-rank, in seq order (``tools.train_sim.reconcile_training`` over its ``trained.jsonl``).
+rank, in seq order (``feed.training.reconcile_training`` over its ``trained.jsonl``). With ``learn``
+the generator samples from the real policy (``generate --engine policy``) and the fourth process is
+``rollout-bus train``, which ships every version back; the demo then also succeeds only if the reward
+rose (``tools.learning``: the curve, printed and written to ``learn.json``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from rollout_bus.config import BatchingSettings
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
+from rollout_bus.tools.learning import learning_curve
 from rollout_bus.tools.processes import StageProcess
 from rollout_bus.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
@@ -38,6 +42,10 @@ from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 # the stages' own default names, given explicitly (no ROLLOUT_BUS_APP_ID from the environment): the
 # run's topic prefix makes them the run's own
 STREAM_APP_ID, SHARDS_GROUP_ID = "rollout-bus-stream", "rollout-bus-shards"
+# the sampling of demo --learn: top-p 0.9 decides the support; top-k 20 is above the policy's 17 tokens, so it is
+# there to show the flag reaches transformers' warper, and cuts nothing
+LEARN_SAMPLING = ("--top-p", "0.9", "--top-k", "20")
+LEARN_JSON = "learn.json"
 
 @dataclass
 class DemoOptions:
@@ -60,6 +68,9 @@ class DemoOptions:
     train: bool = False  # also run train-sim on the shards, and check every batch was trained once per rank
     interrupt_prob: float = 0.0  # with max_staleness: share of turns cut when the weights change under them
     stream_workers: int = 1  # stream processes sharing one Faust consumer group: stream, stream-2, ...
+    # the real loop: the policy generates (generate --engine policy) and `rollout-bus train` trains it, shipping
+    # each version back; needs ``train`` and a staleness bound, and succeeds only if the reward rises
+    learn: bool = False
 
 
 def batching_args(batching: BatchingSettings) -> list[str]:
@@ -114,7 +125,7 @@ class DemoRun:
             *batching_args(o.batching), "--group-id", SHARDS_GROUP_ID, "--exit-on-end-of-run"],
             logs / "shards.log")
         if o.train:
-            self.stages["train"] = StageProcess("train", "train_sim", [
+            self.stages["train"] = StageProcess("train", "train" if o.learn else "train_sim", [
                 *self._common(), "--ranks", "all", "--dp-size", str(o.dp_size), "--checkpoint-dir",
                 str(self.train_dir), "--timeout", str(o.timeout_s)], logs / "train.log")
         if not generator:
@@ -125,6 +136,7 @@ class DemoRun:
                     *(["--inject-faults"] if o.inject_faults else []),
                     *([*batching_args(o.batching), "--interrupt-prob", str(o.interrupt_prob)]
                       if o.batching.max_staleness is not None else []),
+                    *(["--engine", "policy", *LEARN_SAMPLING] if o.learn else []),
                     *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
 
@@ -205,7 +217,7 @@ class DemoRun:
                 time.sleep(0.5)
             progress.update(bar, completed=len({row["seq"] for row in read_trained(self.train_dir)}))
         if stage.poll() is None:
-            return f"train-sim did not finish within {self.options.timeout_s:.0f}s; see {stage.log_path}"
+            return f"the trainer did not finish within {self.options.timeout_s:.0f}s; see {stage.log_path}"
         return self._failed_stage()
 
     def check_training(self) -> TrainingCheck | None:
@@ -259,6 +271,8 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         for problem in training.problems():
             console.print(f"[red]{problem}[/red]")
         return 1
+    if options.learn and not report_learning(console, run, options):
+        return 1
     bound = options.batching.max_staleness
     if bound is not None:
         problems, worst = staleness_problems(written_batches(run.out / "shards").values(), bound)
@@ -268,6 +282,29 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
             console.print(f"[red]{problem}[/red]")
         return 1 if problems else 0
     return 0
+
+
+def report_learning(console: Console, run: DemoRun, options: DemoOptions) -> bool:
+    """The reward curve of the run's training, as a table and ``learn.json``; True when the policy learned."""
+    curve = learning_curve(read_trained(run.train_dir))
+    verdict = curve.verdict()
+    table = Table(title="the policy through the bus: reward per trained batch (every batch, or a sample of them)")
+    for name in ("batch", "reward", "loss", "mismatch max", "full-vocab gap", "staleness", "seconds"):
+        table.add_column(name, justify="right")
+    step = max(1, len(curve.points) // 16)
+    for point in curve.points[::step] + ([curve.points[-1]] if (len(curve.points) - 1) % step else []):
+        table.add_row(str(point.seq), f"{point.reward:.3f}", f"{point.loss:.4f}", f"{point.mismatch_max:.1e}",
+                      f"{point.full_vocab_mismatch_mean:.3f}", f"{point.staleness_max:.0f}", f"{point.elapsed_s:.1f}")
+    console.print(table)
+    console.print(verdict.describe(), soft_wrap=True)
+    doc = {"run_id": run.run_id, "episodes": options.episodes, "seed": options.seed,
+           "n_samples_per_prompt": options.n_samples_per_prompt,
+           "groups_per_batch": options.batching.groups_per_batch, "max_staleness": options.batching.max_staleness,
+           "interrupt_prob": options.interrupt_prob, "sampling": list(LEARN_SAMPLING),
+           "verdict": asdict(verdict), "curve": curve.to_json()}
+    (run.out / LEARN_JSON).write_text(json.dumps(doc, indent=1))
+    console.print(f"reward curve: {(run.out / LEARN_JSON).resolve()}")
+    return verdict.learned
 
 
 def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
