@@ -49,6 +49,8 @@ PUBLIC_API: dict[str, str] = {
     "ShardFeed": "rollout_bus.feed.trainer_feed",
     "ShardFeedDataset": "rollout_bus.feed.dataset",
     "WeightPublisher": "rollout_bus.feed.weights",
+    # the policy of `rollout-bus train`: recompute any log-prob the bus carried
+    "load_policy": "rollout_bus.policy.checkpoint",
 }
 __all__ = sorted(PUBLIC_API)
 

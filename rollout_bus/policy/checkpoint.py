@@ -8,12 +8,15 @@ by name and the generator keeps the weights it has: never trust a checkpoint you
 Contract:
 
 * ``save_checkpoint(model, directory, version, step)`` -> ``CheckpointRef(path, version, step, sha256,
-  bytes)``: the state dict (the tied unembedding once) with metadata ``format``, ``config`` (the
-  ``LlamaConfig`` as JSON), ``version`` and ``step``; written to a temporary file, fsync'd, renamed.
+  bytes)``: the state dict (the tied unembedding once) with one safetensors metadata key,
+  ``rollout_bus``, holding the JSON of ``format``, ``config`` (the ``LlamaConfig`` as JSON), ``version``
+  and ``step`` (keys sorted: the same weights give the same bytes); written to a temporary file,
+  fsync'd, renamed.
 * ``read_checkpoint(path, sha256=None, device=None)`` -> ``(model, metadata)``; with ``sha256`` the file's
   digest must match, else ``CheckpointError`` naming the file and both digests. A file that is not
   such a checkpoint is a ``CheckpointError`` too.
 * ``checkpoint_path(directory, version)``: where version ``version`` is written.
+* ``load_policy(path, sha256=None, device=None)``: just the model (the public API's way in).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from rollout_bus.policy.model import model_from_config
 
 FORMAT = "rollout-bus-policy/1"
 _TIED = "lm_head.weight"
+_META_KEY = "rollout_bus"
 
 
 class CheckpointError(ContractError):
@@ -65,7 +69,9 @@ def save_checkpoint(model: LlamaForCausalLM, directory: str | Path, version: int
              if not (k == _TIED and model.config.tie_word_embeddings)}
     metadata = {"format": FORMAT, "config": model.config.to_json_string(use_diff=False), "version": str(int(version)),
                 "step": str(int(step))}
-    data = save_tensors(state, metadata=metadata)
+    # one metadata key: safetensors writes a metadata map in no fixed order, and the same weights must make
+    # the same file (a version published twice is one sha256)
+    data = save_tensors(state, metadata={_META_KEY: json.dumps(metadata, sort_keys=True)})
     path = checkpoint_path(directory, version)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
@@ -78,8 +84,13 @@ def _metadata(data: bytes, path: Path) -> dict[str, str]:
         header = json.loads(data[8:8 + header_len])
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"checkpoint {path}: not a safetensors file ({exc})") from None
-    meta = header.get("__metadata__") or {}
-    if meta.get("format") != FORMAT:
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    try:
+        meta = json.loads(meta[_META_KEY]) if isinstance(meta, dict) and _META_KEY in meta else {}
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: metadata {_META_KEY!r} is not JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = meta if isinstance(meta, dict) else {}
         raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     return meta
 
@@ -107,3 +118,10 @@ def read_checkpoint(path: str | Path, sha256: str | None = None,
         raise CheckpointError(f"checkpoint {path}: tensors missing {missing} or unexpected {unexpected}")
     model.tie_weights()
     return model, meta
+
+
+def load_policy(path: str | Path, sha256: str | None = None, device: torch.device | str | None = None) -> torch.nn.Module:
+    """The policy of checkpoint ``path`` (verified against ``sha256`` when given): a ``LlamaForCausalLM``
+    whose forward maps input ids ``[B, T]`` to logits ``[B, T, V]``. The public way in
+    (``rollout_bus.load_policy``)."""
+    return read_checkpoint(path, sha256, device)[0]
