@@ -158,7 +158,10 @@ def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object
     rollout.weights. Says what it waits for when it starts and every ``say_every_s``."""
     began = said = time.monotonic()
     logger.info("waiting for the trainer's first checkpoint on rollout.weights")
-    while engine.refresh() >= 0 and engine.loaded is None:
+    while True:
+        engine.refresh()
+        if engine.loaded is not None:
+            return engine.version
         if stop is not None and stop():
             raise Stopped("stopped while waiting for the trainer's first checkpoint on rollout.weights")
         refresh(200)
@@ -166,7 +169,6 @@ def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object
         if now - said >= say_every_s:
             said = now
             logger.info("still waiting for the trainer's first checkpoint on rollout.weights (%.0fs)", now - began)
-    return engine.version
 
 
 def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, progress: ProgressFn | None = None,
