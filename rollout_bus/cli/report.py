@@ -14,6 +14,7 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError
+from rollout_bus.observe.learning import learning_curve
 from rollout_bus.observe.report import build_report, render_html
 from rollout_bus.observe.run_reader import read_run
 from rollout_bus.tools.accounting import written_batches
@@ -28,6 +29,8 @@ def report(
     adapter: list[str] = typer.Option([], "--adapter", help="Only these adapters (repeat, or comma-separate)."),
     title: str | None = typer.Option(None, "--title", help="Page title (default: the run's topic prefix)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds to read the topics to their end."),
+    train: Path | None = typer.Option(None, "--train", help="A trainer's checkpoint directory (`rollout-bus train`): "
+                                      "add its reward curve from trained.jsonl."),
 ) -> None:
     """Write an HTML report of a run: episode lengths and rewards per window, batch sizes, dead letters."""
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
@@ -40,10 +43,16 @@ def report(
     except BrokerError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
+    from rollout_bus.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
+
+    if train is not None and not (train / TRAINED_NAME).is_file():
+        console.print(f"[red]error:[/red] --train {train} holds no {TRAINED_NAME}")
+        raise typer.Exit(2)
     manifests = list(written_batches(shards).values()) if shards is not None else []
+    learning = learning_curve(read_trained(train)) if train is not None else None
     chosen = [name.strip() for item in adapter for name in item.split(",") if name.strip()]
     page = build_report(run, topics, title=title, adapters=chosen, manifests=manifests,
-                        shards_dir=str(shards) if shards is not None else None)
+                        shards_dir=str(shards) if shards is not None else None, learning=learning)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(page), encoding="utf-8")
     console.print(f"report: {out} ({len(page.windows)} window points, {len(page.batches)} batches, "

@@ -15,6 +15,9 @@ Contract:
   batch (seq, seconds) whose trailing ``window``-batch mean reaches ``threshold`` (None if never).
   Fewer than ``2 * window`` batches cannot show learning: ``learned`` is False and ``problem`` says why.
 * ``to_json()`` of both is what ``rollout-bus demo --learn`` writes to ``learn.json``.
+* ``reward_charts(curve)`` -> ``(by_batch, by_time)``: two inline-SVG line charts (``observe.charts``) of
+  the reward, against the trained batch and against seconds since the first step (the run report and
+  ``demo --learn`` show them).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from rollout_bus.errors import ConfigError, must_be
+from rollout_bus.observe.charts import Series, color_for, line_chart
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class LearningCurve:
     points: list[CurvePoint] = field(default_factory=list)
 
     def verdict(self, window: int = 5, margin: float = 0.3, threshold: float = 0.8) -> LearningVerdict:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError(must_be("window", "an int >= 1", window))
         out = LearningVerdict(window, margin, threshold)
         rewards = [p.reward for p in self.points]
         if len(rewards) < 2 * window:
@@ -99,3 +107,22 @@ def learning_curve(rows: Iterable[Mapping[str, Any]]) -> LearningCurve:
             staleness_max=max(float(r["staleness_max"]) for r in ranks),
             elapsed_s=max(float(r.get("elapsed_s", 0.0)) for r in ranks), samples=samples))
     return curve
+
+
+def reward_charts(curve: LearningCurve) -> tuple[str, str]:
+    """Reward against the trained batch, and against wall time since the first step (inline SVG)."""
+    points = curve.points
+    tips = [f"batch {p.seq}: reward {p.reward:.3f}, {p.elapsed_s:.1f}s, staleness {p.staleness_max:.0f}" for p in points]
+    by_batch = line_chart([Series("reward", color_for(0), [p.seq for p in points], [p.reward for p in points],
+                                  tips=tips)],
+                          title="Reward per trained batch", x_label="batch (trainer step)", y_label="mean reward",
+                          x_ticks=[(p.seq, str(p.seq)) for p in points[::max(1, len(points) // 10)]],
+                          y_min=0.0, y_max=1.0)
+    by_time = line_chart([Series("reward", color_for(1), [p.elapsed_s for p in points], [p.reward for p in points],
+                                 tips=tips)],
+                         title="Reward against wall time", x_label="seconds since the first step",
+                         y_label="mean reward",
+                         x_ticks=[(p.elapsed_s, f"{p.elapsed_s:.0f}") for p in points[::max(1, len(points) // 8)]],
+                         y_min=0.0, y_max=1.0)
+    return by_batch, by_time
+

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
+from rollout_bus.observe.learning import LearningCurve, reward_charts
 from rollout_bus.observe.metrics_view import staleness_rows
 from rollout_bus.wire.records import WindowFold, fold_window_records
 from rollout_bus.wire.rollout_key import rollout_key_adapter
@@ -122,6 +123,7 @@ class Report:
     adapter_filter: tuple[str, ...] = ()
     shards_dir: str | None = None
     color_order: tuple[str | None, ...] = ()  # every adapter of the run, so a filter keeps the colours
+    learning: LearningCurve | None = None  # with a trainer's trained.jsonl: the reward curve
 
     @property
     def episodes(self) -> int:
@@ -246,7 +248,8 @@ def _adapters_of(windows: list[WindowPoint], batches: list[BatchRow]) -> tuple[s
 
 
 def build_report(run: RawRun, topics: Topics, *, title: str | None = None, adapters: Sequence[str] = (),
-                 manifests: Iterable[Mapping[str, Any]] = (), shards_dir: str | None = None) -> Report:
+                 manifests: Iterable[Mapping[str, Any]] = (), shards_dir: str | None = None,
+                 learning: LearningCurve | None = None) -> Report:
     """Fold a read run into the report, keeping only ``adapters`` when given."""
     chosen = {a for a in adapters if a}
     windows = fold_windows(run.metrics)
@@ -260,7 +263,7 @@ def build_report(run: RawRun, topics: Topics, *, title: str | None = None, adapt
     run_name = topics.prefix.rstrip(".") or "(no topic prefix)"
     return Report(title or f"rollout-bus run {run_name}", topics, windows, batches, fold_dead_letters(letters),
                   dict(run.counts), run.first_ms, run.last_ms, _adapters_of(windows, batches), tuple(sorted(chosen)),
-                  shards_dir, every)
+                  shards_dir, every, learning)
 
 
 # ---------------------------------------------------------------------------- the page
@@ -430,6 +433,23 @@ def _summary(report: Report) -> str:
     return f'<div class="cards">{html}</div>' + "".join(f'<p class="note">{line}</p>' for line in lines)
 
 
+def _learning_section(report: Report) -> list[str]:
+    """With a trainer's rows: the reward against batch and wall time, the verdict, every batch."""
+    curve = report.learning
+    if curve is None:
+        return []
+    rows = [(str(p.seq), f"{p.reward:.3f}", f"{p.loss:.4f}", f"{p.mismatch_max:.1e}", f"{p.full_vocab_mismatch_mean:.3f}",
+             f"{p.staleness_max:.0f}", f"{p.elapsed_s:.1f}") for p in curve.points]
+    head = ("batch", "reward", "loss", "mismatch max", "full-vocab gap", "staleness max", "seconds")
+    return ["<h2>Learning</h2>",
+            '<p class="note">From the trainer\'s <code>trained.jsonl</code>: the mean raw reward of each trained batch; '
+            "mismatch: the trainer's log-prob at the token's own weights minus the generator's, over the support; "
+            "full-vocab gap: what ignoring the support would add.</p>",
+            f'<p class="note">{escape(curve.verdict().describe())}</p>',
+            *(f'<div class="panel">{chart}</div>' for chart in reward_charts(curve)),
+            _table(head, rows, numeric=set(range(len(head))))]
+
+
 def render_html(report: Report) -> str:
     """The whole page (see the module contract)."""
     return "\n".join([
@@ -446,4 +466,4 @@ def render_html(report: Report) -> str:
         "<h2>Batches</h2>", '<p class="note">Trainer batches written, from their manifests.</p>',
         _batch_section(report),
         "<h2>Dead letters</h2>", '<p class="note">Records rejected by a stage, by stage and kind.</p>',
-        _dlq_section(report), "</main></body></html>"])
+        _dlq_section(report), *_learning_section(report), "</main></body></html>"])

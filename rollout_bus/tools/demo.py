@@ -12,7 +12,7 @@ end; the demo waits for it, and succeeds only if every written batch was trained
 rank, in seq order (``feed.training.reconcile_training`` over its ``trained.jsonl``). With ``learn``
 the generator samples from the real policy (``generate --engine policy``) and the fourth process is
 ``rollout-bus train``, which ships every version back; the demo then also succeeds only if the reward
-rose (``tools.learning``: the curve, printed and written to ``learn.json``).
+rose (``observe.learning``: the curve, printed and written to ``learn.json``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rollout_bus.config import BatchingSettings
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
-from rollout_bus.tools.learning import learning_curve
+from rollout_bus.observe.learning import learning_curve, reward_charts
 from rollout_bus.tools.processes import StageProcess
 from rollout_bus.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
@@ -44,8 +44,9 @@ from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 STREAM_APP_ID, SHARDS_GROUP_ID = "rollout-bus-stream", "rollout-bus-shards"
 # the sampling of demo --learn: top-p 0.9 decides the support; top-k 20 is above the policy's 17 tokens, so it is
 # there to show the flag reaches transformers' warper, and cuts nothing
-LEARN_SAMPLING = ("--top-p", "0.9", "--top-k", "20")
+LEARN_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "top_k": 20}
 LEARN_JSON = "learn.json"
+LEARN_PLOTS = ("learn-reward-by-batch.svg", "learn-reward-by-time.svg")
 
 @dataclass
 class DemoOptions:
@@ -136,7 +137,8 @@ class DemoRun:
                     *(["--inject-faults"] if o.inject_faults else []),
                     *([*batching_args(o.batching), "--interrupt-prob", str(o.interrupt_prob)]
                       if o.batching.max_staleness is not None else []),
-                    *(["--engine", "policy", *LEARN_SAMPLING] if o.learn else []),
+                    *(["--engine", "policy", *(f for k, v in LEARN_SAMPLING.items()
+                                                for f in (f"--{k.replace('_', '-')}", str(v)))] if o.learn else []),
                     *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
 
@@ -286,6 +288,9 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
 
 def report_learning(console: Console, run: DemoRun, options: DemoOptions) -> bool:
     """The reward curve of the run's training, as a table and ``learn.json``; True when the policy learned."""
+    from rollout_bus.learn.trainer import WEIGHTS_DIR  # transformers: only with --learn
+    from rollout_bus.policy.checkpoint import sha256_of
+
     curve = learning_curve(read_trained(run.train_dir))
     verdict = curve.verdict()
     table = Table(title="the policy through the bus: reward per trained batch (every batch, or a sample of them)")
@@ -297,13 +302,20 @@ def report_learning(console: Console, run: DemoRun, options: DemoOptions) -> boo
                       f"{point.full_vocab_mismatch_mean:.3f}", f"{point.staleness_max:.0f}", f"{point.elapsed_s:.1f}")
     console.print(table)
     console.print(verdict.describe(), soft_wrap=True)
-    doc = {"run_id": run.run_id, "episodes": options.episodes, "seed": options.seed,
+    checkpoints = {int(p.stem.rsplit("-v", 1)[1]): {"uri": p.resolve().as_uri(), "sha256": sha256_of(p),
+                                                    "bytes": p.stat().st_size}
+                   for p in sorted((run.train_dir / WEIGHTS_DIR).glob("policy-v*.safetensors"))}
+    doc = {"run_id": run.run_id, "topic_prefix": run.topics.prefix, "episodes": options.episodes, "seed": options.seed,
            "n_samples_per_prompt": options.n_samples_per_prompt,
            "groups_per_batch": options.batching.groups_per_batch, "max_staleness": options.batching.max_staleness,
-           "interrupt_prob": options.interrupt_prob, "sampling": list(LEARN_SAMPLING),
-           "verdict": asdict(verdict), "curve": curve.to_json()}
+           "interrupt_prob": options.interrupt_prob, "sampling": LEARN_SAMPLING,
+           "verdict": asdict(verdict), "curve": curve.to_json(),
+           "checkpoints": {str(v): ref for v, ref in sorted(checkpoints.items())}}
     (run.out / LEARN_JSON).write_text(json.dumps(doc, indent=1))
-    console.print(f"reward curve: {(run.out / LEARN_JSON).resolve()}")
+    for name, chart in zip(LEARN_PLOTS, reward_charts(curve)):
+        (run.out / name).write_text(chart, encoding="utf-8")
+    console.print(f"reward curve: {(run.out / LEARN_JSON).resolve()}, plots {', '.join(LEARN_PLOTS)} beside it "
+                  f"({len(checkpoints)} checkpoints listed)")
     return verdict.learned
 
 
