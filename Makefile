@@ -10,7 +10,7 @@ TEST_KAFKA_DIR ?= $(HOME)/.cache/rollout-bus/make-test-broker
 PYTEST_ARGS ?=
 COMPOSE_TEST_RUNS ?= all
 
-.PHONY: demo test venv lint bench clean chaos compose-check compose-test
+.PHONY: demo learn test venv lint bench clean chaos compose-check compose-test
 
 venv: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/rollout-bus demo $(DEMO_ARGS)
+
+# The loop closed with a real policy: the generator samples from it, `rollout-bus train` trains it on the shards and
+# ships every version back; a reward table, learn.json and the plots; exit 1 unless the reward rose (about 2 minutes).
+learn: $(STAMP)
+	$(BIN)/rollout-bus demo --learn $(DEMO_ARGS)
 
 # The suite's broker is the project's own (rollout-bus kafka start), fresh every run, stopped also on failure.
 # Then the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
