@@ -26,7 +26,7 @@ Contract:
   and weights (on the CPU); a version published twice is the same file.
 * One ``trained.jsonl`` row per rank per step: ``seq``, ``rank``, ``samples``, ``loss``,
   ``reward_mean`` (raw rewards), ``mean_abs_log_ratio``, ``clip_fraction``,
-  ``tis_truncated_fraction``, ``ratio_mean``, ``ratio_max``, ``mismatch_max``,
+  ``tis_truncated_fraction``, ``ratio_mean``, ``ratio_p99``, ``ratio_max`` (``exp(new - old)``), ``mismatch_max``,
   ``full_vocab_mismatch_mean``, ``full_vocab_mismatch_p99``, ``staleness_max``, ``staleness_mean``
   (trainer version minus token version, sampled tokens), ``version`` (the weights it trained at)
   and ``elapsed_s`` (seconds since the run's first step began; informational, not replayed).
@@ -194,7 +194,7 @@ def rank_loss(model: torch.nn.Module, weights: _PublishedWeights, version: int, 
     staleness = (version - versions[trained]).double()
     row = {"seq": batch.seq, "rank": batch.rank, "samples": len(batch), **stats,
            "reward_mean": float(np.mean(np.asarray(tensors["raw_rewards"], np.float64))) if len(batch) else 0.0,
-           "ratio_mean": _stat(ratio, "mean"), "ratio_max": _stat(ratio, "max"),
+           "ratio_mean": _stat(ratio, "mean"), "ratio_p99": _stat(ratio, "p99"), "ratio_max": _stat(ratio, "max"),
            "mismatch_max": _stat(mismatch, "max"), "full_vocab_mismatch_mean": _stat(full_gap, "mean"),
            "full_vocab_mismatch_p99": _stat(full_gap, "p99"), "staleness_max": _stat(staleness, "max"),
            "staleness_mean": _stat(staleness, "mean"), "version": version}
