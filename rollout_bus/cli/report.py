@@ -38,18 +38,20 @@ def report(
     if shards is not None and not shards.is_dir():
         console.print(f"[red]error:[/red] --shards {shards} is not a directory")
         raise typer.Exit(2)
+    learning = None
+    if train is not None:
+        from rollout_bus.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
+
+        if not (train / TRAINED_NAME).is_file():
+            console.print(f"[red]error:[/red] --train {train} holds no {TRAINED_NAME}")
+            raise typer.Exit(2)
+        learning = learning_curve(read_trained(train))
     try:
         run = read_run(kafka.client_kwargs(), topics, timeout_s=timeout)
     except BrokerError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    from rollout_bus.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
-
-    if train is not None and not (train / TRAINED_NAME).is_file():
-        console.print(f"[red]error:[/red] --train {train} holds no {TRAINED_NAME}")
-        raise typer.Exit(2)
     manifests = list(written_batches(shards).values()) if shards is not None else []
-    learning = learning_curve(read_trained(train)) if train is not None else None
     chosen = [name.strip() for item in adapter for name in item.split(",") if name.strip()]
     page = build_report(run, topics, title=title, adapters=chosen, manifests=manifests,
                         shards_dir=str(shards) if shards is not None else None, learning=learning)

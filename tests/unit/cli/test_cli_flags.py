@@ -69,3 +69,19 @@ def test_generate_run_flags_reach_its_settings(generate_runs):
 def test_end_run_needs_a_run_id():
     done = runner.invoke(app, ["end-run", "--bootstrap-servers", "127.0.0.1:1"])
     assert done.exit_code != 0 and "--run-id" in done.output
+
+
+def test_generate_engine_flag_reaches_its_settings_and_a_wrong_one_is_refused(generate_runs):
+    done = runner.invoke(app, ["generate", "--bootstrap-servers", "127.0.0.1:1", "--engine", "policy"])
+    assert done.exit_code == 0, done.output
+    assert generate_runs[-1][0].engine == "policy"
+    assert runner.invoke(app, ["generate", "--bootstrap-servers", "127.0.0.1:1"]).exit_code == 0
+    assert generate_runs[-1][0].engine == "sim"
+    refused = runner.invoke(app, ["generate", "--bootstrap-servers", "127.0.0.1:1", "--engine", "vllm"])
+    assert refused.exit_code != 0 and "engine" in refused.output
+
+
+def test_report_refuses_a_train_directory_without_trained_jsonl_before_reading_any_topic(tmp_path):
+    done = runner.invoke(app, ["report", "--bootstrap-servers", "127.0.0.1:1", "--train", str(tmp_path),
+                               "--out", str(tmp_path / "r.html")])
+    assert done.exit_code == 2 and "trained.jsonl" in done.output
