@@ -17,7 +17,6 @@ from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.kafka.admin import existing_topics
-from rollout_bus.kafka.client_logs import quiet_client_logs
 
 console = Console(stderr=True)
 
@@ -32,7 +31,6 @@ def end_run(
     from rollout_bus.publish.publisher import TurnPublisher
 
     options.configure_logging(verbose)
-    quiet_client_logs()
     if not run_id.strip():
         raise typer.BadParameter("--run-id must name a run (got an empty string)")
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)

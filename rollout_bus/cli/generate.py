@@ -48,7 +48,6 @@ from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import ConfigError, RolloutBusError, Stopped
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
-from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
 from rollout_bus.feed.weights import WeightWatcher
 
@@ -207,7 +206,6 @@ def generate(
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
     options.configure_logging(verbose)
-    quiet_client_logs()  # kafka-python's own complaints during an outage: one line per kind every 10 s
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     settings = options.role_settings(
         GenerateSettings, episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt,

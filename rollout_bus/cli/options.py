@@ -13,6 +13,7 @@ from typing import TypeVar
 import typer
 from pydantic import ValidationError
 
+from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.config import BatchingSettings, KafkaSettings
 
 NOISY_LOGGERS = ("kafka", "aiokafka", "faust", "mode")
@@ -37,12 +38,14 @@ def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **mo
 
 
 def configure_logging(verbose: bool = False) -> None:
-    """Stable key=value log lines on stderr; third-party clients only warn unless --verbose."""
+    """Stable key=value log lines on stderr; third-party clients only warn unless --verbose, and a Kafka
+    client's repeated complaints are thinned (``rollout_bus.kafka.client_logs``)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
+    quiet_client_logs()  # Kafka clients' complaints during an outage: one line per kind every 10 s
 
 BOOTSTRAP = typer.Option(
     None, "--bootstrap-servers", envvar="ROLLOUT_BUS_BOOTSTRAP_SERVERS",

@@ -1,12 +1,18 @@
 """Kafka client logs during an outage: one line per kind of complaint every few seconds, not eighty.
 
 aiokafka logs every failed reconnect and fetch (about 80 ERROR lines a second while a broker is
-down, measured in a 2-minute outage), kafka-python much the same; that buries the stage's own
-"waiting for broker" lines. ``quiet_client_logs()`` puts a ``RepeatFilter`` on the root logger's
-handlers (call it once logging is configured), acting only on those libraries' records (a
-filter on a logger would miss its child loggers): a message template (``record.msg``, before its arguments) is let through once per
-``interval_s``, and the next one let through says how many were left out. Nothing else changes:
-levels, handlers and every first occurrence stay as they are.
+down, measured in a 2-minute outage), kafka-python much the same, some of it with a traceback each
+time; that buries the stage's own "waiting for broker" lines. ``quiet_client_logs()`` puts a
+``RepeatFilter`` on the root logger's handlers (call it once logging is configured), acting only on
+those libraries' WARNING and worse records (a filter on a logger would miss its child loggers).
+
+A kind of complaint is its call site and its exception: (logger, level, file, line, exception type).
+Not the message text, which libraries build differently from release to release (kafka-python 3.0.12
+formats many of its messages before logging them, so no two share a template). Each kind is let
+through once per ``interval_s``, and the next one let through says how many were left out. A client
+record's traceback is folded into its line (``...: KafkaConnectionError: [Errno 104] ...``) unless
+``keep_tracebacks`` (``-v``): an operator needs the reason, not the library's frames. Nothing else
+changes: levels, handlers and every first occurrence stay as they are.
 """
 
 from __future__ import annotations
@@ -19,18 +25,25 @@ DEFAULT_INTERVAL_S = 10.0
 
 
 class RepeatFilter(logging.Filter):
-    """Lets a message template through at most once per ``interval_s``; counts the rest."""
+    """Lets a kind of client complaint through at most once per ``interval_s``; counts the rest."""
 
-    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, clock=time.monotonic) -> None:
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, clock=time.monotonic, *,
+                 keep_tracebacks: bool = False) -> None:
         super().__init__()
-        self.interval_s, self.clock = interval_s, clock
-        self._last: dict[tuple[str, str], float] = {}
-        self._suppressed: dict[tuple[str, str], int] = {}
+        self.interval_s, self.clock, self.keep_tracebacks = interval_s, clock, keep_tracebacks
+        self._last: dict[tuple, float] = {}
+        self._suppressed: dict[tuple, int] = {}
+
+    @staticmethod
+    def kind(record: logging.LogRecord) -> tuple:
+        exc_type = record.exc_info[0] if record.exc_info else None
+        return (record.name, record.levelno, record.pathname, record.lineno,
+                exc_type.__name__ if exc_type is not None else "")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or record.name.split(".", 1)[0] not in CLIENT_LOGGERS:
             return True
-        key = (record.name, str(record.msg))
+        key = self.kind(record)
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval_s:
@@ -38,13 +51,23 @@ class RepeatFilter(logging.Filter):
             return False
         self._last[key] = now
         left_out = self._suppressed.pop(key, 0)
-        if left_out:
-            record.msg = f"{record.msg} ({left_out} more like this in the last {now - last:.0f}s)"
+        if (record.exc_info and not self.keep_tracebacks) or left_out:
+            message = record.getMessage()
+            if record.exc_info and not self.keep_tracebacks:
+                exc_type, exc = record.exc_info[0], record.exc_info[1]
+                if exc_type is not None:
+                    message = f"{message}: {exc_type.__name__}: {exc}"
+                record.exc_info, record.exc_text = None, None
+            if left_out:
+                message = f"{message} ({left_out} more like this in the last {now - last:.0f}s)"
+            record.msg, record.args = message, None
         return True
 
 
 def quiet_client_logs(interval_s: float = DEFAULT_INTERVAL_S) -> None:
-    """Install a ``RepeatFilter`` on each handler of the root logger (idempotent)."""
+    """Install a ``RepeatFilter`` on each handler of the root logger (idempotent); client tracebacks are
+    kept only when the root logger is at DEBUG (``-v``)."""
+    keep = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RepeatFilter) for f in handler.filters):
-            handler.addFilter(RepeatFilter(interval_s))
+            handler.addFilter(RepeatFilter(interval_s, keep_tracebacks=keep))
