@@ -15,7 +15,8 @@ says "raises ValueError") catch them unchanged::
     │   │   └── MissingTopicError       (also a ConfigError) not created yet, or a wrong name
     │   ├── Stopped                     asked to stop while waiting for the broker
     │   └── RecordTooLargeError         a record is over the size limit of a producer or topic
-    └── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
+    ├── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
+    └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
 Two classes live beside their one user instead: ``WriterLockedError`` (a ``ConfigError``: another
 shard writer holds the output directory) in ``rollout_bus.shard_writer.writer_lock``, and
@@ -82,3 +83,16 @@ def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -
     """Format the house error message: ``'{name}' must be {expected} (got {value!r})``."""
     message = f"{name!r} must be {expected} (got {value!r})"
     return f"{message} at {where}" if where else message
+
+
+class DiskFullError(RolloutBusError, OSError):
+    """No space left on the device (or quota) for a file: ``path``, ``needed`` bytes, ``free`` bytes (None if
+    unknown). Transient: writers wait it out (``rollout_bus.model.files.wait_for_disk``)."""
+
+    def __init__(self, path: Any, needed: int, free: int | None, code: int = 28) -> None:
+        self.path, self.needed, self.free = str(path), int(needed), free
+        free_text = "unknown" if free is None else f"{free:,}"
+        super().__init__(code, f"no space left writing {self.path}: needs {self.needed:,} bytes, {free_text} free")
+
+    def __str__(self) -> str:
+        return self.strerror

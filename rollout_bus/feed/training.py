@@ -33,7 +33,7 @@ from torch import nn
 
 from rollout_bus.errors import ConfigError, ContractError, must_be
 from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
-from rollout_bus.model.shards import write_atomic
+from rollout_bus.model.files import write_atomic
 
 CHECKPOINT_NAME = "checkpoint.pt"
 TRAINED_NAME = "trained.jsonl"

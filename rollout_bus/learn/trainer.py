@@ -30,6 +30,8 @@ Contract:
   ``full_vocab_mismatch_mean``, ``full_vocab_mismatch_p99``, ``staleness_max``, ``staleness_mean``
   (trainer version minus token version, sampled tokens), ``version`` (the weights it trained at)
   and ``elapsed_s`` (seconds since the run's first step began; informational, not replayed).
+* A full disk is waited out (``rollout_bus.model.files.wait_for_disk``): a version is published only once
+  its file is whole, a step counts as trained only once its checkpoint is.
 * A token whose version has no published checkpoint here (a generator not following these weights)
   is a ``ContractError`` naming the version and the batch.
 """
@@ -49,6 +51,7 @@ import torch
 from rollout_bus.errors import ConfigError, ContractError, must_be
 from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.feed.training import CHECKPOINT_NAME, TrainState, mean_loss, next_batches
+from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 from rollout_bus.policy.checkpoint import CheckpointRef, read_checkpoint, save_checkpoint
 from rollout_bus.policy.model import best_device, build_policy, sequence_logits
@@ -257,7 +260,7 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
             log.info("resumed from checkpoint=%s batches=%d weights version=%d", checkpoint_dir / CHECKPOINT_NAME,
                      resumed_from, version)
         else:  # the initial weights, verified like every later version, before any generator needs them
-            ref = save_checkpoint(model, weights_dir, 0, 0)
+            ref = wait_for_disk(lambda: save_checkpoint(model, weights_dir, 0, 0), "weights version 0")
             weights.add(ref)
             _publish(feeds, publisher, ref)
             log.info("published weights version=0 path=%s sha256=%s", ref.path, ref.sha256)
@@ -275,13 +278,13 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
                 rows.append({**row, "elapsed_s": round(time.monotonic() - began, 3)})
             state.optimizer.step()
             version = seq + 1
-            ref = save_checkpoint(model, weights_dir, version, seq)
+            ref = wait_for_disk(lambda: save_checkpoint(model, weights_dir, version, seq), f"weights version {version}")
             weights.add(ref)
             _publish(feeds, publisher, ref)  # the new weights are live: generators load them between steps
             state.trained.append(seq)
             state.history.extend(rows)
             state.extra["versions"] = weights.refs
-            state.save(checkpoint_dir, feeds, shape)
+            wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), f"the checkpoint after batch {seq}")
             log.info(_step_line(seq, rows))
             if on_progress is not None:
                 reward = sum(r["reward_mean"] for r in rows) / len(rows)

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import safetensors.numpy
 from safetensors import SafetensorError, safe_open
 
 from rollout_bus.errors import ContractError, must_be
+from rollout_bus.model.files import TMP_SUFFIX, fsync_dir, write_atomic
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _META_KEY = "rollout_bus"
-_TMP_SUFFIX = ".tmp"
 
 # (train-data key, shard tensor, dtype, kind, required); kind: "sample" = one value per sample,
 # "response" = flat over response tokens, "tokens" = flat over all tokens with tokens_offsets.
@@ -175,34 +174,9 @@ def shard_tensors(rank_data: Mapping[str, Any], where: str = "shard") -> dict[st
 def _remove_temporaries(directory: Path) -> None:
     """Temporary files of an interrupted writer are never valid data; drop them."""
     for path in directory.iterdir():
-        if path.name.startswith(".") and path.name.endswith(_TMP_SUFFIX):
+        if path.name.startswith(".") and path.name.endswith(TMP_SUFFIX):
             path.unlink(missing_ok=True)
             logger.info("removed leftover temporary file path=%s", path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` via a fsync'd temporary file in the same directory and a rename
-    (``sync_dir=False``: the caller fsyncs the directory once after several files)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        _fsync_dir(path.parent)
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -280,7 +254,7 @@ def write_batch_shards(
     for stale in directory.glob("dp-*.safetensors"):
         if stale.name not in names:
             stale.unlink()
-    _fsync_dir(directory)  # every shard's name is durable before the manifest that lists it
+    fsync_dir(directory)  # every shard's name is durable before the manifest that lists it
     manifest = {
         "format_version": FORMAT_VERSION,
         "seq": int(seq),

@@ -33,7 +33,7 @@ from safetensors.torch import save as save_tensors
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rollout_bus.errors import ContractError
-from rollout_bus.model.shards import write_atomic
+from rollout_bus.model.files import write_atomic
 from rollout_bus.policy.model import model_from_config
 
 FORMAT = "rollout-bus-policy/1"

@@ -34,6 +34,7 @@ class WriterStats:
     batches_reannounced: int = 0
     runs_ended: int = 0
     broker_waits: int = 0
+    disk_waits: int = 0  # writes retried because the output's disk was full
     pending: int = 0
     lag: int | None = None
     last_batch: int | None = None

@@ -39,6 +39,9 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
 * Every send is confirmed before offsets are committed past it (``rollout_bus.shard_writer.delivery``): a send
   that failed is sent again, so a manifest may appear twice on rollout.shards (readers dedupe by
   the batch seq key), a batch-metrics record or a dead letter twice on theirs; nothing is lost.
+* A full disk is waited out like an outage (``rollout_bus.model.files.wait_for_disk``): a batch whose
+  files do not fit is written again until they do, a WARNING line (batch, path, bytes needed and free)
+  every 10 s, counted in ``WriterStats.disk_waits``; nothing of it is announced or committed before.
 * Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
   end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
   flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
@@ -83,7 +86,7 @@ from rollout_bus.shard_writer.out_dir import announcement, manifest_place, writt
 from rollout_bus.shard_writer.recovery import announced_on, recover
 from rollout_bus.shard_writer.writer_lock import hold_writer_lock
 from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DlqKind
-from rollout_bus.errors import ContractError
+from rollout_bus.errors import ContractError, DiskFullError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
                                        new_producer, wait_for_partitions)
 from rollout_bus.kafka.limits import producer_config
@@ -91,6 +94,7 @@ from rollout_bus.kafka.retry import Stopped, retrying
 from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
+from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.shards import batch_path
 
 logger = logging.getLogger(__name__)
@@ -181,7 +185,8 @@ class ShardWriter:
     def _resume_from_disk(self) -> None:
         """Start-up recovery (``rollout_bus.shard_writer.recovery``), before the loop reads a record."""
         recover(self.options.out_dir, self._batcher, counts=self.stats, announce=self._announce,
-                read_announced=lambda: announced_on(self.client_kwargs, self.topics.shards, self._retry))
+                read_announced=lambda: announced_on(self.client_kwargs, self.topics.shards, self._retry),
+                topic=self.topics.episodes)
 
     def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
         def found() -> list[TopicPartition]:  # MissingTopicError is Unavailable: retried
@@ -336,13 +341,21 @@ class ShardWriter:
             self._batcher.done(batch)
             self.stats.batches_skipped += 1
             return
-        manifest = write_decided(self.options.out_dir, decision, topic=self.topics.episodes)
         directory = batch_path(self.options.out_dir, batch.seq)
+        manifest = wait_for_disk(lambda: self._write_files(decision), f"batch {batch.seq} -> {directory}",
+                                 should_stop=lambda: self._stop)
         self._announce(batch.seq, manifest, directory)
         self._batcher.done(batch)
         self.stats.batches_written += 1
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
+
+    def _write_files(self, decision: Decision) -> dict[str, Any]:
+        try:
+            return write_decided(self.options.out_dir, decision, topic=self.topics.episodes)
+        except DiskFullError:
+            self.stats.disk_waits += 1
+            raise
 
     def _send_dead_letters(self, decision: Decision) -> None:
         """Stale episodes, and every episode of a dead-lettered batch, findable in the DLQ with their reason."""

@@ -5,15 +5,18 @@ directory to say what is done. The writer assigns rollout.episodes partitions it
 point is the directory, not a group generation), so Kafka's group protocol cannot refuse the second
 one; the directory can. ``hold_writer_lock(out_dir, who)`` takes ``out_dir/.writer.lock`` with
 ``flock`` (released by the kernel when the process dies, kill -9 included: no stale lock to clean
-up) and writes who holds it; a second writer gets ``WriterLockedError`` naming the holder. The lock
+up) and writes who holds it (when the disk has room for that: a full disk does not stop it from
+taking the lock); a second writer gets ``WriterLockedError`` naming the holder. The lock
 covers writers that share the directory (one machine, or a file system with working ``flock``);
 writers with different directories on one run are the operator's to avoid (README).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout_bus.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".writer.lock"
 
@@ -55,9 +60,14 @@ def hold_writer_lock(out_dir: str | os.PathLike[str], who: dict[str, Any]) -> It
             raise WriterLockedError(f"another shard writer is writing to {directory.resolve()} ({described}); "
                                     f"run one writer per output directory, or stop that one first") from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                 "started_at_ms": int(time.time() * 1000), **who}, sort_keys=True).encode())
-        os.fsync(fd)
+        try:
+            os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                     "started_at_ms": int(time.time() * 1000), **who}, sort_keys=True).encode())
+            os.fsync(fd)
+        except OSError as exc:  # the lock is held all the same; a full disk is the writes' to wait out
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            logger.warning("holding the writer lock %s without saying who holds it: %s", path, exc.strerror)
         yield path
     finally:
         os.close(fd)  # closing the descriptor releases the lock

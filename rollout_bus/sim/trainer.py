@@ -30,6 +30,7 @@ Contract:
   it; a checkpoint of another model shape, ranks, DP size or topic is a ``ConfigError``. Training is
   deterministic given the checkpoint, so a run killed between checkpoints and restarted ends with
   the same trained seqs and the same losses as an undisturbed one.
+* A full disk is waited out (``rollout_bus.model.files.wait_for_disk``), one WARNING line every 10 s.
 * The checkpoint, ``trained.jsonl`` and the run's reconciliation are ``rollout_bus.feed.training``'s,
   shared with the real trainer (``rollout_bus.learn.trainer``).
 """
@@ -50,6 +51,7 @@ from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.feed.training import CHECKPOINT_NAME, TrainState, mean_loss, next_batches
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
+from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 
 logger = logging.getLogger(__name__)
@@ -228,7 +230,7 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
             state.history.extend(rows)
             log.info(_step_line(seq, rows, batches[0].metrics))
             if len(state.trained) % options.checkpoint_every == 0:
-                state.save(checkpoint_dir, feeds, shape)
+                wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), "the checkpoint")
                 saved_at = len(state.trained)
                 log.info("checkpoint batches=%d last_seq=%d path=%s", saved_at, seq, checkpoint_dir / CHECKPOINT_NAME)
             if on_progress is not None:
@@ -236,7 +238,7 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
             if options.step_delay_s > 0:
                 time.sleep(options.step_delay_s)
         if saved_at != len(state.trained):
-            state.save(checkpoint_dir, feeds, shape)
+            wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), "the checkpoint")
             log.info("checkpoint batches=%d last_seq=%s path=%s (end)", len(state.trained),
                      state.trained[-1] if state.trained else None, checkpoint_dir / CHECKPOINT_NAME)
     finally:
