@@ -19,7 +19,6 @@ from rich.console import Console
 
 from rollout_bus.shard_writer.writer import ShardWriter
 from rollout_bus.shard_writer.options import WriterOptions, WriterStats
-from rollout_bus.shard_writer.writer_lock import WriterLockedError
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 from rollout_bus.errors import ConfigError
@@ -90,7 +89,7 @@ def shards(
             stats = writer.run()
         except KeyboardInterrupt:
             stats = writer.stats
-        except WriterLockedError as exc:
+        except ConfigError as exc:  # another writer holds --out, or --out holds another run's batches
             console.print(f"[red]shard writer refused:[/red] {exc}")
             raise typer.Exit(2) from exc
     console.print(_progress_line(stats))

@@ -7,9 +7,12 @@ from the disk and the log alone, so the loop (``rollout_bus.shard_writer.writer`
 
 Contract:
 
-* ``recover(out_dir, batcher, read_announced=, announce=, counts=)``:
+* ``recover(out_dir, batcher, read_announced=, announce=, counts=, topic=None)``:
 
-  1. finds the complete batches on disk (``out_dir.scan_out_dir``: every manifest verified);
+  1. finds the complete batches on disk (``out_dir.scan_out_dir``: every manifest verified); with
+     ``topic`` (the writer's rollout.episodes), a batch whose manifest's sources name another topic is
+     another run's: ``ConfigError`` naming the directory, the batch and both topics, before anything
+     is marked or announced (adopting it would announce another run's batches on this run's topic);
      temporary files and batches without a manifest are removed, their episodes being still
      uncommitted on rollout.episodes;
   2. when there is any, asks ``read_announced()`` which (batch name, manifest_sha256) pairs
@@ -37,6 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from rollout_bus.errors import ConfigError
 from rollout_bus.kafka.reader import read_topic
 from rollout_bus.shard_writer.batcher import Batcher
 from rollout_bus.shard_writer.out_dir import WrittenBatch, announced_ids, scan_out_dir
@@ -60,10 +64,27 @@ def announced_on(conn: Mapping[str, Any], topic: str, retry: Retry) -> Announced
     return announced_ids(record.value for record in records)
 
 
+def _foreign(written: list[WrittenBatch], topic: str) -> tuple[int, list[str]] | None:
+    """The first batch on disk whose episodes came from another topic than ``topic``, and its topics."""
+    for batch in written:
+        sources = batch.manifest.get("sources")
+        topics = sorted({s.get("topic") for s in sources if isinstance(s, dict)} if isinstance(sources, list) else ())
+        if topics and topics != [topic]:
+            return batch.seq, topics
+    return None
+
+
 def recover(out_dir: Path, batcher: Batcher, *, read_announced: Callable[[], Announced],
-            announce: Callable[[int, dict[str, Any], Path], None], counts: RecoveryCounts) -> list[WrittenBatch]:
+            announce: Callable[[int, dict[str, Any], Path], None], counts: RecoveryCounts,
+            topic: str | None = None) -> list[WrittenBatch]:
     """Mark the batches on disk written; announce the ones rollout.shards never saw (see the module docstring)."""
     written = scan_out_dir(out_dir)
+    foreign = _foreign(written, topic) if topic is not None else None
+    if foreign is not None:
+        seq, topics = foreign
+        raise ConfigError(f"--out {out_dir} holds batches of another run: batch {seq}'s episodes came from "
+                          f"{', '.join(topics)}, this writer reads {topic}; give this run an output directory "
+                          "of its own")
     announced = read_announced() if written else set()
     for batch in written:
         batcher.mark_written(batch.seq, batch.keys(), batch.groups())

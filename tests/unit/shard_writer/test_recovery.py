@@ -99,3 +99,21 @@ def test_announcements_are_read_to_the_end_through_broker_outages_with_a_fresh_r
     assert sorted(name for name, _ in found) == ["batch-00000000", "batch-00000001"]
     assert waits == [1, 2] and len(FakeReader.opened) == 3
     assert all(r.closed and r.names == ["p.rollout.shards"] for r in FakeReader.opened)
+
+
+def test_an_output_directory_holding_another_runs_batches_is_refused_before_anything_is_announced(tmp_path):
+    import pytest
+
+    from rollout_bus.errors import ConfigError
+
+    write_batches(tmp_path, [0, 1])  # their episodes came from rollout.episodes (no prefix)
+    announced, counts, batcher = [], Counts(), Batcher(1)
+    with pytest.raises(ConfigError, match=r"another run: batch 0's episodes came from rollout\.episodes, this "
+                                          r"writer reads run7\.rollout\.episodes"):
+        recovery.recover(tmp_path, batcher, counts=counts, read_announced=lambda: set(),
+                         announce=lambda *a: announced.append(a), topic="run7.rollout.episodes")
+    assert announced == [] and counts == Counts() and batcher.next_seq == 0
+    # its own run's writer adopts them as before
+    found = recovery.recover(tmp_path, batcher, counts=counts, read_announced=lambda: set(),
+                             announce=lambda *a: announced.append(a), topic="rollout.episodes")
+    assert [b.seq for b in found] == [0, 1] and len(announced) == 2
