@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollout_bus.wire.run_record import RunBatching
@@ -127,6 +127,17 @@ class GenerateSettings(BatchingSettings):
     # who samples: "sim", the seeded stand-in with every knob above; "policy", the real policy
     # (rollout_bus.learn: calculator episodes, the trainer's weights; the episode-shape knobs do not apply)
     engine: Literal["sim", "policy"] = "sim"
+    # several generators on one run: generator ``generator_index`` of ``generators`` takes the run's group
+    # indices g with g mod generators == generator_index (its j-th group is j * generators + generator_index),
+    # so no two generators make the same group, and step batch k still holds the run's groups [k*G, (k+1)*G)
+    generators: int = Field(1, ge=1)
+    generator_index: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _generator_in_range(self) -> "GenerateSettings":
+        if self.generator_index >= self.generators:
+            raise ValueError(f"generator_index must be < generators={self.generators} (got {self.generator_index})")
+        return self
 
 
 class StreamSettings(_Settings):

@@ -198,6 +198,12 @@ def generate(
                                                 help="Share of turns cut when the live weights change while they "
                                                      "are generated: an ABORTED partial turn, then its "
                                                      "continuation under the new version (default 0)."),
+    generators: int | None = typer.Option(None, "--generators", min=1,
+                                          help="How many generators share this run (default 1): with --generator-index "
+                                               "each makes only its share of the group indices, so none collide."),
+    generator_index: int | None = typer.Option(None, "--generator-index", min=0,
+                                               help="This generator's place among --generators (0-based): it makes "
+                                                    "the groups g with g mod generators == index."),
     engine: str | None = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or "
                                       "'policy' (the real policy on the calculator task, following the trainer's "
                                       "weights when --follow-weights or --max-staleness is given)."),
@@ -215,7 +221,8 @@ def generate(
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
-        batching=batching, interrupt_prob=interrupt_prob, engine=engine)
+        batching=batching, interrupt_prob=interrupt_prob, engine=engine, generators=generators,
+        generator_index=generator_index)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     signals = StopSignals()
     try:

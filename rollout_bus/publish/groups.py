@@ -2,8 +2,9 @@
 
 Group indices count the RL step's prompt groups across adapters (group g goes to adapter g mod A),
 so a step batch's range of group indices is complete from the episodes alone; each adapter's data
-source numbers its own samples (``index``/``rollout_id``) from 0. Every generator (the simulated
-one, the real policy's) plans its groups here.
+source numbers its own samples (``index``/``rollout_id``) from 0. Several generators on one run
+split the indices between them (generator i of N: g mod N == i), so they never make the same group.
+Every generator (the simulated one, the real policy's) plans its groups here.
 """
 
 from __future__ import annotations
@@ -39,13 +40,16 @@ def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
 
     Group indices count the RL step's prompt groups across adapters (group g goes to adapter
     g mod A), so a step batch's range of group indices is complete from the episodes alone; each
-    adapter's data source numbers its own samples (``index``/``rollout_id``) from 0.
+    adapter's data source numbers its own samples (``index``/``rollout_id``) from 0. Generator i of
+    N (``generator_index``, ``generators``) makes the run's groups j * N + i (its j-th group goes to
+    its adapter j mod A): N generators together make every index once, and none makes another's.
     """
     n = settings.n_samples_per_prompt
     adapters = parse_adapters(settings.adapters)
+    stride, offset = settings.generators, settings.generator_index
     groups = []
-    for g in range(math.ceil(settings.episodes / n)):
-        local = g // len(adapters)
-        size = min(n, settings.episodes - g * n)
-        groups.append(GroupSpec(adapters[g % len(adapters)], g, size, local * n))
+    for j in range(math.ceil(settings.episodes / n)):
+        local = j // len(adapters)
+        size = min(n, settings.episodes - j * n)
+        groups.append(GroupSpec(adapters[j % len(adapters)], j * stride + offset, size, local * n))
     return groups
