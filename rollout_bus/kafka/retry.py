@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from rollout_bus.errors import BrokerError, Stopped, Unavailable
+from rollout_bus.errors import BrokerError, MissingTopicError, Stopped, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +122,13 @@ def retrying(operation: Callable[[], T], what: str, *, should_stop: Callable[[],
             delay = backoff.delay(attempt)
             if on_retry is not None:
                 on_retry(attempt, exc)
-            logger.warning("waiting for broker: %s (attempt %d, next in %.1fs): %s", what, attempt, delay,
-                           describe(exc))
+            if isinstance(exc, MissingTopicError):  # the broker answers: the topic is what is missing
+                logger.warning("waiting for a topic to be created: %s (attempt %d, next in %.1fs): %s; check "
+                               "--topic-prefix, or create the run's topics (rollout-bus topics create)", what, attempt,
+                               delay, describe(exc))
+            else:
+                logger.warning("waiting for broker: %s (attempt %d, next in %.1fs): %s", what, attempt, delay,
+                               describe(exc))
             _sleep_unless_stopped(delay, should_stop, sleep, what, exc)
 
 

@@ -84,3 +84,20 @@ def test_a_stop_request_ends_the_wait():
     with pytest.raises(Stopped) as caught:
         retrying(operation, "poll", should_stop=lambda: bool(stop), sleep=lambda s: None)
     assert isinstance(caught.value.__cause__, kafka_errors.KafkaTimeoutError)
+
+
+def test_a_missing_topic_is_named_as_missing_not_as_a_broker_wait(caplog):
+    from rollout_bus.errors import MissingTopicError
+
+    failures = [MissingTopicError("topic 'run7.rollout.shards' has no partitions in the cluster's metadata")]
+
+    def operation():
+        if failures:
+            raise failures.pop()
+        return "read"
+
+    with caplog.at_level(logging.WARNING, logger="rollout_bus.kafka.retry"):
+        assert retrying(operation, "read announcements from rollout.shards", sleep=lambda s: None) == "read"
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("waiting for a topic to be created: read announcements from rollout.shards (attempt 1")
+    assert "run7.rollout.shards" in line and "--topic-prefix" in line and "waiting for broker" not in line
