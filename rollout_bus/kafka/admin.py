@@ -79,12 +79,13 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
 
 
 def _own_config(spec: TopicSpec) -> dict[str, str]:
-    """What a topic sets beyond the record limits: compaction, or keeping every record."""
+    """What a topic sets beyond the record limits: compaction (the latest per key), or keeping every record.
+    A run's records must outlive any stall of the stage that reads them: time or size retention would
+    delete them unread (a stream worker stopped for longer than the broker's log.retention.* lost a whole
+    run before); a finished run's topics are deleted by the operator."""
     if spec.compacted:
         return {"cleanup.policy": "compact"}
-    if spec.kept_forever:
-        return {"retention.ms": "-1", "retention.bytes": "-1"}
-    return {}
+    return {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
 def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_every_s: float = 10.0,

@@ -23,8 +23,7 @@ class TopicSpec:
     carries: str
     key: str
     partitions: int = 1
-    compacted: bool = False
-    kept_forever: bool = False  # retention.ms=-1: a declaration read from its first record must stay
+    compacted: bool = False  # else every record is kept (retention.ms=-1): nothing expires under a stalled stage
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ class Topics:
         return [
             TopicSpec(self.run, "JSON: the run's batching (groups_per_batch, batching, max_staleness, declared_by), "
                       "declared by the first stage to start; the first record is the run's (run_record.RunBatching)",
-                      "b'batching'", kept_forever=True),
+                      "b'batching'"),
             TopicSpec(self.turns, "one turn sample per record: encode_samples([turn], COMPUTED_FIELDS + "
                       "SAMPLING_MASK_FIELDS); headers turn, attempt, final, group_size, schema, sent_at",
                       "rollout key (adapter, kind, group_index, id) as a stable string", self.turns_partitions),

@@ -35,6 +35,12 @@ def test_every_topic_is_created_with_the_record_size_limit_of_max_record_bytes(c
     wanted = topic_config(8 << 20)[LIMIT]
     assert {n: c[LIMIT] for n, c in configs(client_kwargs, topics.names(), [LIMIT]).items()} == \
         {n: wanted for n in topics.names()}
+    # nothing expires under a stalled stage: every record kept, but the compacted weights' latest per key
+    kept = configs(client_kwargs, topics.names(), ["retention.ms", "retention.bytes", "cleanup.policy"])
+    for name, found in kept.items():
+        expected = ({"cleanup.policy": "compact"} if name == topics.weights
+                    else {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"})
+        assert {k: found[k] for k in expected} == expected, (name, found)
     assert ensure_topics(client_kwargs, topics, max_record_bytes=8 << 20) == []  # idempotent
     assert existing_topics(client_kwargs, [topics.turns, "no-such-topic-here"]) == {topics.turns}
 
