@@ -10,17 +10,30 @@ TEST_KAFKA_DIR ?= $(HOME)/.cache/rollout-bus/make-test-broker
 PYTEST_ARGS ?=
 COMPOSE_TEST_RUNS ?= all
 
-.PHONY: demo learn test venv lint bench clean chaos compose-check compose-test
+.PHONY: demo learn test venv lock lint bench clean chaos compose-check compose-test
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Installs are reproducible: every package (test extras included) at the version and sha256 of requirements.lock,
+# then the project itself without dependencies. `make lock` refreshes the lock from pyproject.toml.
+LOCK := requirements.lock
+PIP_VERSION := 26.3
+UV_VERSION := 0.13.9
+UV_VENV ?= $(HOME)/.cache/rollout-bus/uv-$(UV_VERSION)
+
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rollout-bus needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
 	@test -x $(BIN)/python || { echo "creating $(VENV) ..."; $(PYTHON) -m venv $(VENV); }
-	@echo "installing rollout-bus and its test extras into $(VENV) (torch is large: the first time takes a few minutes) ..."
-	$(BIN)/python -m pip install --progress-bar off -q --upgrade pip
-	$(BIN)/python -m pip install --progress-bar off -e '.[test]'
+	@echo "installing the locked packages ($(LOCK)) and rollout-bus into $(VENV) (torch is large: the first time takes a few minutes) ..."
+	$(BIN)/python -m pip install --progress-bar off -q 'pip==$(PIP_VERSION)'
+	$(BIN)/python -m pip install --progress-bar off --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --progress-bar off --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
+
+lock:
+	@test -x $(UV_VENV)/bin/uv || { $(PYTHON) -m venv $(UV_VENV) && $(UV_VENV)/bin/pip install -q 'uv==$(UV_VERSION)'; }
+	$(UV_VENV)/bin/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 --generate-hashes \
+		--upgrade -o $(LOCK)
 
 demo: $(STAMP)
 	$(BIN)/rollout-bus demo $(DEMO_ARGS)
