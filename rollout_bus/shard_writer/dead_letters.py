@@ -10,6 +10,8 @@ Contract:
   headers, value null, kind ``too_large``, the reason giving the original's size and
   ``dlq.source`` (where the original stays), then the first reason; counted in
   ``counts.dead_letters_by_reference``. Never fatal.
+* ``lost(partition, first, count, log_start)``: records deleted before the writer read them, one
+  ``lost`` letter per range (no original to copy), one ERROR line, counted in ``counts.records_lost``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 from rollout_bus.kafka.retry import describe
 from rollout_bus.shard_writer.delivery import Outbox, Outgoing
-from rollout_bus.wire.dead_letter import DeadLetter, DlqKind, DlqStage, source_of
+from rollout_bus.wire.dead_letter import DeadLetter, DlqKind, DlqStage, lost_letter, source_of
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ STAGE = DlqStage.SHARDS
 class DeadLetterCounts(Protocol):
     dead_letters: int
     dead_letters_by_reference: int
+    records_lost: int
 
 
 class DeadLetters:
@@ -48,6 +51,15 @@ class DeadLetters:
                          too_large=lambda record, exc: self._by_reference(letter, exc))
         self.counts.dead_letters += 1
         logger.warning("dead-lettered kind=%s partition=%d offset=%d reason=%s", kind, partition, offset, reason)
+
+    def lost(self, partition: int, first: int, count: int, log_start: int) -> None:
+        """Records of rollout.episodes deleted before the writer read them: one ERROR line and one ``lost``
+        letter naming the range (``dead_letter.lost_letter``), counted in ``counts.records_lost``."""
+        letter = lost_letter(STAGE, self.topics.episodes, partition, first, count, log_start)
+        self.outbox.send(Outgoing(self.topics.dlq, letter.key, None, letter.record_headers(), "dead letter (lost)"))
+        self.counts.dead_letters += 1
+        self.counts.records_lost += count
+        logger.error("LOST %s", letter.reason)
 
     def _by_reference(self, letter: DeadLetter, exc: BaseException) -> Outgoing:
         """The dead letter without its value: too large to copy, the original stays at ``dlq.source``."""

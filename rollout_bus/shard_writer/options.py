@@ -35,6 +35,7 @@ class WriterStats:
     runs_ended: int = 0
     broker_waits: int = 0
     disk_waits: int = 0  # writes retried because the output's disk was full
+    records_lost: int = 0  # rollout.episodes records deleted before they were read (dead-lettered as lost)
     pending: int = 0
     lag: int | None = None
     last_batch: int | None = None

@@ -42,6 +42,11 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
 * A full disk is waited out like an outage (``rollout_bus.model.files.wait_for_disk``): a batch whose
   files do not fit is written again until they do, a WARNING line (batch, path, bytes needed and free)
   every 10 s, counted in ``WriterStats.disk_waits``; nothing of it is announced or committed before.
+* Records deleted before the writer read them (a retention shorter than its delay, or deleted by hand)
+  are never skipped in silence: at start-up the group's committed offset (0 if none) is compared with
+  where the consumer lands, and while reading each record's offset with the one expected next; offsets
+  below the partition's log start in between go to the DLQ as one ``lost`` letter per range, with an
+  ERROR line, counted in ``WriterStats.records_lost``.
 * Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
   end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
   flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
@@ -127,6 +132,7 @@ class ShardWriter:
         self._batcher = Batcher(options.groups_per_batch, options.batching, written_memory=options.written_memory,
                                 lookup=lookup)
         self._committed: dict[int, int] = {}
+        self._expected: dict[int, int] = {}  # the next offset each partition should hand over (a jump: lost?)
         self._stop = False
         self._run_over = False
         self._tracker = EndOfRunTracker(())
@@ -201,10 +207,28 @@ class ShardWriter:
         consumer.assign(partitions)
         self._tracker = EndOfRunTracker(tp.partition for tp in partitions)
         for tp in partitions:  # resolves committed offsets (or earliest) before the idle clock starts
+            committed = self._retry(lambda: consumer.committed(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
+                                    f"the committed offset of {tp.topic}:{tp.partition}")
             position = self._retry(lambda: consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
-                                   f"the committed offset of {tp.topic}:{tp.partition}")
+                                   f"the position on {tp.topic}:{tp.partition}")
             logger.info("reading topic=%s partition=%d offset=%d", tp.topic, tp.partition, position)
+            # the group's own record of where it was (0: it never read the topic); the consumer resets a
+            # position the log no longer holds to the log start without a word
+            self._expected[tp.partition] = committed if committed is not None else 0
+            self._check_lost(consumer, tp, position)
         return consumer
+
+    def _check_lost(self, consumer: KafkaConsumer, tp: TopicPartition, reached: int) -> None:
+        """Offsets from the expected one up to ``reached`` that the log no longer holds are lost: said
+        once, dead-lettered as ``lost`` (a jump for any other reason, a transaction marker, is not)."""
+        expected = self._expected.get(tp.partition)
+        if expected is None or reached <= expected:
+            return
+        log_start = self._retry(lambda: consumer.beginning_offsets([tp], timeout_ms=OFFSETS_TIMEOUT_MS)[tp],
+                                f"the log start of {tp.topic}:{tp.partition}")
+        if log_start > expected:
+            self._letters.lost(tp.partition, expected, min(log_start, reached) - expected, log_start)
+        self._expected[tp.partition] = reached
 
     # ------------------------------------------------------------------ the loop
 
@@ -252,6 +276,8 @@ class ShardWriter:
     def _take(self, record: Any) -> None:
         """One rollout.episodes record into the batcher, the end-of-run tracker, or the DLQ."""
         self.stats.records += 1
+        self._check_lost(self._consumer, TopicPartition(record.topic, record.partition), record.offset)
+        self._expected[record.partition] = record.offset + 1
         try:
             item = parse_record(record.key, record.value, record.headers, partition=record.partition,
                                 offset=record.offset)

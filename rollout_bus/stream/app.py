@@ -21,6 +21,9 @@ Faust troubles:
 * Faust can acknowledge records it never delivers to the agent (around rebalances and restarts):
   the processor's state position notices the jump, and a timer compares idle partitions with
   their end, so such records are read back and processed (``TurnProcessor.catch_up_idle``);
+* records deleted before they were read (retention, DeleteRecords) are found the same way, a live worker
+  expecting every partition from offset 0: ``fetch_range`` reports the log start after its read, and the
+  processor dead-letters the offsets below it as ``lost`` (``rollout_bus.stream.lost_records``);
 * a batch taken before a rebalance may hold records of partitions no longer assigned: the processor
   leaves them to their new owner, which replays them from the state's recorded position;
 * record sizes from one setting (``max_record_bytes``, ``rollout_bus.kafka.limits``): the
@@ -55,6 +58,7 @@ from rollout_bus.errors import BrokerError, RecordTooLargeError
 from rollout_bus.kafka.clients import faust_brokers, faust_credentials, new_aio_consumer
 from rollout_bus.kafka.limits import faust_config, topic_config
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.stream.lost_records import FetchedRange
 from rollout_bus.stream.processor import TurnProcessor
 from rollout_bus.stream.turn_record import TurnRecord, to_record
 from rollout_bus.stream.state import ChangelogState
@@ -108,8 +112,10 @@ async def _delivered(future: Any) -> Any:
 
 
 async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int, start: int, end: int,
-                      timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> list[TurnRecord]:
-    """Records ``[start, end)`` of one partition, read with a group-less aiokafka consumer."""
+                      timeout_s: float = 60.0, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> FetchedRange:
+    """Records ``[start, end)`` of one partition, read with a group-less aiokafka consumer, and the log
+    start measured after the read (offsets below it that were not read are gone: ``lost_records``).
+    A start below the log start is reset to it (``earliest``), so a read of deleted records ends."""
     consumer = new_aio_consumer(client_kwargs, max_record_bytes=max_record_bytes, group_id=None,
                                 auto_offset_reset="earliest")
     tp = TopicPartition(topic, partition)
@@ -124,9 +130,10 @@ async def fetch_range(client_kwargs: dict[str, Any], topic: str, partition: int,
                 raise BrokerError(f"reading {topic}:{partition} offsets {start}..{end - 1} timed out")
             for batch in (await consumer.getmany(tp, timeout_ms=500)).values():
                 records += [_as_record(m) for m in batch if m.offset < end]
+        log_start = (await consumer.beginning_offsets([tp]))[tp]
     finally:
         await consumer.stop()
-    return records
+    return FetchedRange(records, log_start)
 
 
 def _as_record(message: Any) -> TurnRecord:
@@ -178,13 +185,14 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
     async def publish_changelog(partition: int, key: bytes, value: bytes | None) -> None:
         await app.producer.send(changelog, key, value, partition, None, None)
 
-    async def fetch(topic: str, partition: int, start: int, end: int) -> list[TurnRecord]:
+    async def fetch(topic: str, partition: int, start: int, end: int) -> FetchedRange:
         return await fetch_range(client_kwargs, topic, partition, start, end, max_record_bytes=max_record_bytes)
 
     state = ChangelogState(table.data, publish_changelog)
     processor = TurnProcessor(state, send, topics, window_ms=max(1, int(round(window_seconds * 1000))),
                               grace_ms=int(round(grace_seconds * 1000)), fetch=fetch,
-                              turns_partitions=turns_partitions, episodes_partitions=episodes_partitions)
+                              turns_partitions=turns_partitions, episodes_partitions=episodes_partitions,
+                              reads_from_start=True)
 
     def owned() -> set[int]:
         return {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.turns}

@@ -65,6 +65,7 @@ from rollout_bus.stream.episode_state import (Action, Decision, EpisodeIndex, de
                                               parse_stored_turn, share_final_reward, stored_turn, turn_key)
 from rollout_bus.stream.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
 from rollout_bus.stream.in_flight import Final, InFlight
+from rollout_bus.stream.lost_records import FetchedRange, lost_ranges
 from rollout_bus.stream.rejections import Rejections, StoredTurn
 from rollout_bus.stream.reroute import home_partition, reroute_turn
 from rollout_bus.stream.state import ChangelogState
@@ -87,12 +88,13 @@ class Sender(Protocol):
 
 
 class Fetch(Protocol):
-    """Reads the records of ``topic``/``partition`` with offsets in ``[start, end)``."""
+    """Reads the records of ``topic``/``partition`` with offsets in ``[start, end)``, and where the
+    partition's log starts once they are read (``lost_records.FetchedRange``)."""
 
-    async def __call__(self, topic: str, partition: int, start: int, end: int) -> list["TurnRecord"]: ...
+    async def __call__(self, topic: str, partition: int, start: int, end: int) -> FetchedRange: ...
 
 
-async def _no_fetch(topic: str, partition: int, start: int, end: int) -> list["TurnRecord"]:
+async def _no_fetch(topic: str, partition: int, start: int, end: int) -> FetchedRange:
     raise ContractError(f"records {start}..{end - 1} of {topic}:{partition} were skipped and cannot be read")
 
 
@@ -113,8 +115,12 @@ class TurnProcessor:
 
     def __init__(self, table: ChangelogState, send: Sender, topics: Topics, *, window_ms: int, grace_ms: int,
                  fetch: Fetch | None = None, turns_partitions: int = 1, episodes_partitions: int = 1,
-                 finished_retention: int = FINISHED_RETENTION_RECORDS, reroute: bool = True) -> None:
+                 finished_retention: int = FINISHED_RETENTION_RECORDS, reroute: bool = True,
+                 reads_from_start: bool = False) -> None:
         self.table, self.send, self.topics = table, send, topics
+        # a live worker owns its partitions from offset 0: a first record past it means records before it
+        # were never processed (deleted, or acknowledged without being delivered); a replay from an offset does not
+        self.reads_from_start = reads_from_start
         self.turns_partitions, self.episodes_partitions = turns_partitions, episodes_partitions
         self.markers = FinishedMarkers(finished_retention)
         self.reroute = reroute  # off where every partition meets in one table (an offline replay)
@@ -237,6 +243,8 @@ class TurnProcessor:
             await self.drain()
         self.table.bind(record.partition)
         expected = self._position(record.partition)
+        if expected is None and self.reads_from_start:
+            expected = 0
         if expected is not None and record.offset < expected:
             self.outcomes["replays_skipped"] += 1  # already processed: the state says so
             return
@@ -248,15 +256,24 @@ class TurnProcessor:
         """Read and process records ``[start, end)``, which Faust acknowledged without delivering.
 
         Faust acks the messages it skips around a rebalance or a restart; the state's position
-        notices, and every record is then processed at least once all the same.
+        notices, and every record is then processed at least once all the same. Offsets the partition
+        no longer holds (its log start moved past them) are lost: each run is said once, dead-lettered
+        as ``lost``, and the position moves past it, so the worker never waits for them.
         """
         logger.warning("partition=%d: records %d..%d were never delivered to the agent; reading them",
                        partition, start, end - 1)
-        missing = await self.fetch(topic, partition, start, end)
+        fetched = await self.fetch(topic, partition, start, end)
+        lost = lost_ranges(start, end, fetched)
+        for first, count in lost:
+            await self.rejects.lost(topic, partition, first, count, fetched.log_start)
+        self.table.bind(partition)
         self.outcomes["catch_ups"] += 1
-        self.outcomes["records_caught_up"] += len(missing)
-        for skipped in missing:
+        self.outcomes["records_caught_up"] += len(fetched.records)
+        for skipped in fetched.records:
             await self._process(skipped)
+        if lost:
+            after_lost = lost[-1][0] + lost[-1][1]
+            self._next_offset[partition] = max(self._next_offset.get(partition, start), after_lost)
         self.table.bind(partition)
 
     async def _process(self, record: TurnRecord) -> None:

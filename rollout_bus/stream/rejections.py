@@ -3,6 +3,8 @@
 Why: every record must end in exactly one counted outcome, and every group the shard writer waits
 for must complete from the log alone, even when one of its episodes never will (WIRE.md section 5.2).
 
+* Records deleted before the worker read them go to rollout.dlq as one ``lost`` letter per range
+  (``dead_letter.lost_letter``: empty key, no value, the range in ``dlq.source`` and ``dlq.lost``).
 * A rejected record goes to rollout.dlq as a ``DeadLetter``, counted ``dlq.<kind>``; one too large to
   copy goes by reference (value null, kind ``too_large``, the original at ``dlq.source``). Never fatal.
 * An episode that will never be emitted is said so on rollout.episodes with an ``abandoned`` control
@@ -24,7 +26,7 @@ from rollout_bus.errors import ContractError, RecordTooLargeError
 from rollout_bus.stream.episode_state import EpisodeIndex, index_key, parse_stored_turn, turn_key
 from rollout_bus.stream.state import ChangelogState
 from rollout_bus.stream.turn_record import TurnRecord
-from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage
+from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage, lost_letter
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.records import Abandoned
 from rollout_bus.wire.rollout_key import parse_rollout_key
@@ -74,6 +76,15 @@ class Rejections:
             return
         self.outcomes[f"dlq.{kind}"] += 1
         logger.warning("dead letter kind=%s source=%s reason=%s", kind, record.source, reason[:300])
+
+    async def lost(self, topic: str, partition: int, first: int, count: int, log_start: int) -> None:
+        """Records deleted before the worker read them: one ERROR line and one ``lost`` dead letter naming
+        the range (there is no record to copy), counted in ``records_lost``."""
+        letter = lost_letter(STAGE, topic, partition, first, count, log_start)
+        await self.send(self.topics.dlq, letter.key, None, letter.record_headers(), wait=True)
+        self.outcomes[f"dlq.{DlqKind.LOST}"] += 1
+        self.outcomes["records_lost"] += count
+        logger.error("LOST %s", letter.reason)
 
     async def abandon(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
         """A dead-lettered final turn ends its episode: what is stored of it goes to the DLQ too, and an

@@ -15,6 +15,10 @@ found only in the DLQ:
   batch to the DLQ with it. Without injected faults a failed mask check is a real failure;
 * any other finished episode only in the DLQ is a valid episode lost: counted in
   ``valid_in_dlq_only`` and reported as a problem.
+
+Records a stage found deleted before it read them (``lost`` dead letters: no key, a range) are problems
+of their own, each named by topic, partition and offsets (``lost``): the episodes they held are then
+``missing`` or in the DLQ as ``gap``, and the range says why.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Reconciliation:
     dlq_reasons: dict[str, int] = field(default_factory=dict)
     batches: int = 0
     bad_batches: dict[str, str] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)  # records deleted before a stage read them: where, how many
 
     @property
     def settled(self) -> bool:
@@ -56,10 +61,10 @@ class Reconciliation:
     @property
     def ok(self) -> bool:
         return not (self.missing or self.duplicated or self.wrong_attempt or self.unexpected or self.bad_batches
-                    or self.valid_in_dlq_only)
+                    or self.valid_in_dlq_only or self.lost)
 
     def problems(self, limit: int = 5) -> list[str]:
-        out = []
+        out = [f"LOST: {where}" for where in self.lost]
         if self.missing:
             out.append(f"{len(self.missing)} episodes in no batch and not in the DLQ, e.g. {self.missing[:limit]}")
         if self.valid_in_dlq_only:
@@ -112,6 +117,10 @@ def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iter
     dead_keys: dict[str, list[str]] = defaultdict(list)
     reasons: dict[str, int] = defaultdict(int)
     for letter in dead_letters:
+        if letter.kind == DlqKind.LOST:
+            first = int(letter.source.rsplit(":", 1)[1]) if letter.source.count(":") >= 2 else 0
+            result.lost.append(f"{letter.stage}: {letter.source.rsplit(':', 1)[0]} offsets {first}.."
+                               f"{first + letter.lost - 1} ({letter.lost} records deleted before they were read)")
         key = letter.key.decode(errors="replace") if letter.key else ""
         dead_keys[key].append(letter.kind)
         reasons[f"{letter.stage}/{letter.kind}"] += 1

@@ -3,7 +3,9 @@
 A dead letter keeps the original key and value byte for byte, keeps the original headers, and
 adds ``dlq.reason`` (human-readable), ``dlq.stage``, ``dlq.source`` (``topic:partition:offset``)
 and ``dlq.kind`` (a short, stable reason class for counting). Original headers keep their names, so
-a replay can strip the ``dlq.`` ones and republish the record unchanged.
+a replay can strip the ``dlq.`` ones and republish the record unchanged. A ``lost`` dead letter has no
+original (the records were deleted before the stage read them): an empty key, no value, the first lost offset in
+``dlq.source`` and how many in ``dlq.lost`` (``lost_letter``).
 
 ``DlqStage`` and ``DlqKind`` are every value those two headers take, and ``KINDS_BY_STAGE`` which
 stage writes which kind: the one list, which WIRE.md section 9 and ``schemas/dlq_headers.json`` spell
@@ -43,20 +45,22 @@ class DlqKind(StrEnum):
     STALE = "stale"            # older than the staleness bound allows for its batch
     MASK_CHECK = "mask-check"  # the whole-batch sampling-mask check failed
     CONVERT = "convert"        # any other refusal converting the batch
+    LOST = "lost"              # records deleted (retention, delete-records) before the stage read them
 
 
 KINDS_BY_STAGE: dict[DlqStage, tuple[DlqKind, ...]] = {
     DlqStage.STREAM: (DlqKind.KEY, DlqKind.HEADERS, DlqKind.DECODE, DlqKind.VALIDATION, DlqKind.FINISHED,
                       DlqKind.GAP, DlqKind.STATE, DlqKind.MERGE, DlqKind.ABANDONED, DlqKind.PARTITION,
-                      DlqKind.CONTROL, DlqKind.TOO_LARGE),
+                      DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST),
     DlqStage.SHARDS: (DlqKind.DECODE, DlqKind.CONTROL, DlqKind.LATE, DlqKind.GROUP, DlqKind.STALE,
-                      DlqKind.MASK_CHECK, DlqKind.CONVERT, DlqKind.TOO_LARGE),
+                      DlqKind.MASK_CHECK, DlqKind.CONVERT, DlqKind.TOO_LARGE, DlqKind.LOST),
 }
 
 REASON = "dlq.reason"
 STAGE = "dlq.stage"
 SOURCE = "dlq.source"
 KIND = "dlq.kind"
+LOST = "dlq.lost"  # kind ``lost`` only: how many offsets from ``dlq.source``'s were deleted unread
 MAX_REASON_CHARS = 4000
 
 
@@ -71,6 +75,7 @@ class DeadLetter:
     stage: str
     kind: str
     source: str  # "topic:partition:offset", or "" when the record was never on a topic
+    lost: int = 0  # kind ``lost``: the offsets [source's, source's + lost) were deleted before they were read
 
     def record_headers(self) -> list[tuple[str, bytes]]:
         """Original headers followed by the dlq.* ones (kafka-python's header format)."""
@@ -80,15 +85,27 @@ class DeadLetter:
             (STAGE, self.stage.encode()),
             (KIND, self.kind.encode()),
             (SOURCE, self.source.encode()),
-        ]
+        ] + ([(LOST, b"%d" % self.lost)] if self.lost else [])
 
     @classmethod
     def from_record(cls, key: bytes | None, value: bytes | None, headers) -> "DeadLetter":
         """Rebuild a dead letter read back from rollout.dlq."""
         pairs = [(k, bytes(v) if v is not None else b"") for k, v in (headers or [])]
         found = {k: v.decode(errors="replace") for k, v in pairs if k.startswith("dlq.")}
+        lost = found.get(LOST, "0")
         return cls(key, value, [(k, v) for k, v in pairs if not k.startswith("dlq.")],
-                   found.get(REASON, ""), found.get(STAGE, ""), found.get(KIND, ""), found.get(SOURCE, ""))
+                   found.get(REASON, ""), found.get(STAGE, ""), found.get(KIND, ""), found.get(SOURCE, ""),
+                   int(lost) if lost.isdigit() else 0)
+
+
+def lost_letter(stage: str, topic: str, partition: int, first: int, count: int, log_start: int) -> DeadLetter:
+    """The dead letter that names records deleted before ``stage`` read them: an empty key (Kafka's clients
+    need a key or a value), no value, the first offset in ``dlq.source`` and how many in ``dlq.lost``."""
+    last = first + count - 1
+    reason = (f"{topic} partition {partition}: offsets {first}..{last} ({count} records) were deleted before this "
+              f"stage read them (the log now starts at {log_start}: retention, or records deleted by hand); "
+              f"their episodes are incomplete")
+    return DeadLetter(b"", None, [], reason, stage, DlqKind.LOST, source_of(topic, partition, first), count)
 
 
 def source_of(topic: str, partition: int, offset: int) -> str:

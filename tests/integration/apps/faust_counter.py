@@ -12,7 +12,8 @@ import faust
 
 def build(bootstrap: str, source: str, sink: str, app_id: str, datadir: str) -> faust.App:
     app = faust.App(app_id, broker=f"kafka://{bootstrap}", store="memory://", topic_partitions=1, datadir=datadir,
-                    topic_replication_factor=1, web_enabled=False, web_bind="127.0.0.1")
+                    topic_replication_factor=1, web_enabled=False, web_bind="127.0.0.1",
+                    broker_session_timeout=10.0, broker_heartbeat_interval=3.0)  # as the stream app: a lost member goes in 10 s
     src = app.topic(source, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
     out = app.topic(sink, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
     counts = app.Table("counts", default=int, partitions=1, key_type=str, value_type=int)

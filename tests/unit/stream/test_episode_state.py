@@ -21,6 +21,7 @@ from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import (Action, EpisodeIndex, decide, finished_index, index_key, share_final_reward,
                                    turn_key)
+from rollout_bus.stream.lost_records import FetchedRange
 from rollout_bus.stream.processor import TurnProcessor, TurnRecord, position_key
 from rollout_bus.stream.state import ChangelogState
 
@@ -310,7 +311,7 @@ def test_processor_reads_back_records_its_partition_skipped_and_processes_them_i
 
     async def fetch(topic, partition, start, end):
         fetched.append((topic, partition, start, end))
-        return records[start:end]
+        return FetchedRange(records[start:end])
 
     processor, sink, topics = _processor()
     processor.fetch = fetch
@@ -325,7 +326,7 @@ def test_an_idle_partition_behind_its_end_reads_the_undelivered_records():
     records = _records(_episode(9, 3))
 
     async def fetch(topic, partition, start, end):
-        return records[start:end]
+        return FetchedRange(records[start:end])
 
     processor, sink, topics = _processor()
     processor.fetch = fetch
@@ -449,6 +450,57 @@ def test_pruning_resumes_from_the_table_after_a_reassignment():
     assert processor.outcomes["finished_markers_pruned"] == 2
 
 
+def _lost_letters(sink, topics):
+    letters = [DeadLetter.from_record(key, value, headers) for _, key, value, headers in sink.on(topics.dlq)]
+    return [(letter.kind, letter.source, letter.lost, letter.key, letter.value) for letter in letters]
+
+
+def test_records_deleted_before_they_were_read_are_dead_lettered_as_lost_and_the_position_moves_past_them():
+    records = _records(_episode(3, 2)) + _records(_episode(4, 2), start_offset=2)
+    fetches = []
+
+    async def fetch(topic, partition, start, end):  # retention deleted offsets 1..2: the log now starts at 3
+        fetches.append((start, end))
+        return FetchedRange([r for r in records[start:end] if r.offset >= 3], log_start=3)
+
+    processor, sink, topics = _processor(fetch=fetch)
+    _run(processor, [records[0], records[3]])  # Faust's consumer reset to the log start without a word
+    assert fetches == [(1, 3)]
+    lost, gap = _lost_letters(sink, topics)  # episode 4's turn 0 was lost: the log says its turn 1 can never merge
+    assert lost == ("lost", "turns:0:1", 2, b"", None) and gap[:2] == ("gap", "turns:0:3")
+    assert processor.outcomes["records_lost"] == 2 and processor.outcomes["dlq.lost"] == 1
+    assert int(processor.table[position_key(0)]) == 4
+    # the idle timer finds nothing more to read: the lost offsets are not awaited again
+    asyncio.run(processor.catch_up_idle("turns", {0: 4}, idle_s=0.0))
+    assert fetches == [(1, 3)] and processor.outcomes["records_lost"] == 2
+
+
+def test_a_partition_whose_every_unread_record_expired_is_reported_once_and_never_read_again():
+    async def fetch(topic, partition, start, end):
+        return FetchedRange([], log_start=end)
+
+    processor, sink, topics = _processor(store={position_key(0): b"12"}, fetch=fetch)
+    asyncio.run(processor.catch_up_idle("turns", {0: 88}, idle_s=0.0))
+    asyncio.run(processor.catch_up_idle("turns", {0: 88}, idle_s=0.0))
+    assert _lost_letters(sink, topics) == [("lost", "turns:0:12", 76, b"", None)]
+    assert int(processor.table[position_key(0)]) == 88
+
+
+def test_a_live_worker_whose_first_record_is_past_offset_0_reads_from_0_and_a_replay_does_not():
+    records = _records(_episode(5, 2), start_offset=5)
+
+    async def fetch(topic, partition, start, end):  # offsets 0..4 expired before any worker read them
+        return FetchedRange([], log_start=5)
+
+    live, sink, topics = _processor(fetch=fetch, reads_from_start=True)
+    _run(live, records)
+    assert _lost_letters(sink, topics) == [("lost", "turns:0:0", 5, b"", None)]
+    assert len(sink.on(topics.episodes)) == 1
+    replay, sink, topics = _processor(fetch=fetch)
+    _run(replay, records)
+    assert sink.on(topics.dlq) == [] and len(sink.on(topics.episodes)) == 1
+
+
 def test_a_rebalance_pause_waits_for_the_record_in_hand_applies_its_final_and_holds_records_until_resume():
     records = _records(_episode(1, 3))
     fetched = asyncio.Event()
@@ -457,7 +509,7 @@ def test_a_rebalance_pause_waits_for_the_record_in_hand_applies_its_final_and_ho
     async def slow_fetch(topic, partition, start, end):  # a catch-up read still under way when the rebalance begins
         fetched.set()
         await release.wait()
-        return records[start:end]
+        return FetchedRange(records[start:end])
 
     processor, sink, topics = _processor(store={position_key(0): b"0"}, fetch=slow_fetch)
     late = _records(_episode(2, 1), start_offset=3)[0]

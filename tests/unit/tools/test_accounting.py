@@ -73,3 +73,14 @@ def test_an_episode_neither_placed_nor_dead_lettered_is_not_settled(tmp_path):
     batch(tmp_path, 0, (GAP, 0), (MATE, 0), (OTHER, 0))
     result = reconcile(SENT, tmp_path, [], verify=False)
     assert not result.settled and not result.ok and result.missing == [PLACED]
+
+
+def test_records_deleted_before_a_stage_read_them_fail_the_run_naming_topic_partition_offsets_and_count(tmp_path):
+    from rollout_bus.wire.dead_letter import lost_letter
+
+    batch(tmp_path, 0, (GAP, 0), (MATE, 0), (PLACED, 1))
+    dead = [lost_letter("stream", "t.rollout.turns", 3, 12, 75, 87)]
+    result = reconcile(SENT, tmp_path, dead, verify=False)
+    assert not result.ok and result.missing == [OTHER]
+    assert result.lost == ["stream: t.rollout.turns:3 offsets 12..86 (75 records deleted before they were read)"]
+    assert result.problems()[0].startswith("LOST: stream: t.rollout.turns:3 offsets 12..86")
