@@ -22,6 +22,7 @@ from rollout_bus.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 from rollout_bus.errors import ConfigError
+from rollout_bus.kafka.admin import wait_for_cluster
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
 
 console = Console(stderr=True)
@@ -74,6 +75,7 @@ def shards(
                   f"(dp_size={settings.dp_size}, groups_per_batch={settings.groups_per_batch}, "
                   f"batching={settings.batching}"
                   + (f", max_staleness={settings.max_staleness}" if settings.max_staleness is not None else "") + ")")
+    wait_for_cluster(kafka.client_kwargs(), None)  # a bootstrap that never answers is said within seconds, and why
     try:
         check_run_batching(kafka.client_kwargs(), kafka.topics(), settings.declaration(declared_by("shard writer")))
     except ConfigError as exc:

@@ -16,8 +16,9 @@ Contract of ``ensure_topics``:
 * A cluster that does not answer (or refuses to create a topic) is a ``BrokerError`` naming the
   bootstrap servers and kafka-python's reason, never a raw client traceback.
 
-``wait_for_cluster(client_kwargs, timeout_s)`` polls until the cluster answers, with a WARNING every
-10 s while it does not (a stage started during a broker outage waits it out instead of failing),
+``wait_for_cluster(client_kwargs, timeout_s)`` polls until the cluster answers, with a WARNING at the
+first failed probe and every 10 s after, saying why (refused, unresolved, dropped: ``reachability``), while it
+does not (a stage started during a broker outage waits it out instead of failing),
 and raises ``BrokerError`` after ``timeout_s``.
 """
 
@@ -34,6 +35,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
 from rollout_bus.kafka.limits import topic_config
+from rollout_bus.kafka.reachability import diagnose
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TopicSpec, Topics
 
 logger = logging.getLogger(__name__)
@@ -88,13 +90,17 @@ def _own_config(spec: TopicSpec) -> dict[str, str]:
     return {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
-def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_every_s: float = 10.0,
+def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float | None, *, log_every_s: float = 10.0,
                      probe_timeout_s: float = 5.0) -> None:
     """Return once the cluster answers a metadata request; WARNING every ``log_every_s`` while it
-    does not; ``BrokerError`` after ``timeout_s``. Uses the full client settings (SASL/SSL too)."""
+    does not, the first one after the first failed probe, each saying why (``reachability.diagnose``:
+    refused, unresolved, dropped, or past TCP); ``BrokerError`` after ``timeout_s``, with the same
+    reason; ``timeout_s`` None waits as long as it takes (a stage whose job is to ride out outages).
+    Uses the full client settings (SASL/SSL too)."""
     began = time.monotonic()
-    last_log = began
+    last_log = None
     probe_ms = int(probe_timeout_s * 1000)
+    servers = client_kwargs.get("bootstrap_servers")
     while True:
         try:
             admin = new_admin(client_kwargs, bootstrap_timeout_ms=probe_ms, request_timeout_ms=probe_ms)
@@ -105,14 +111,16 @@ def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float, *, log_eve
                 admin.close()
         except (BrokerError, KafkaError) as exc:
             now = time.monotonic()
-            if now - began >= timeout_s:
-                raise BrokerError(f"no Kafka cluster answered at {client_kwargs.get('bootstrap_servers')!r} "
-                                  f"within {timeout_s:.0f}s: {exc}") from exc
-            if now - last_log >= log_every_s:
+            if timeout_s is not None and now - began >= timeout_s:
+                raise BrokerError(f"no Kafka cluster answered at {servers!r} within {timeout_s:.0f}s: "
+                                  f"{diagnose(servers or '')} ({exc})") from exc
+            if last_log is None or now - last_log >= log_every_s:
                 last_log = now
-                logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs (gives up after "
-                               "%.0fs)", client_kwargs.get("bootstrap_servers"), now - began, timeout_s)
-        time.sleep(min(1.0, max(0.0, timeout_s - (time.monotonic() - began))))
+                limit = f"gives up after {timeout_s:.0f}s" if timeout_s is not None else "until it answers"
+                logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs: %s (retrying %s)",
+                               servers, now - began, diagnose(servers or ""), limit)
+        left = 1.0 if timeout_s is None else timeout_s - (time.monotonic() - began)
+        time.sleep(min(1.0, max(0.0, left)))
 
 
 def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) -> list[str]:

@@ -31,6 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from rollout_bus.errors import BrokerError, MissingTopicError
 from rollout_bus.kafka.limits import consumer_config
+from rollout_bus.kafka.reachability import diagnose
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ def new_producer(source: KafkaSettings | Mapping[str, Any], **config: Any) -> Ka
     try:
         return KafkaProducer(**{**conn, **config})
     except KafkaError as exc:
-        raise BrokerError(f"cannot create a producer for bootstrap_servers={_servers(conn)!r}: {exc}") from exc
+        raise BrokerError(f"cannot create a producer for bootstrap_servers={_servers(conn)!r}: "
+                          f"{diagnose(_servers(conn))}: {exc}") from exc
 
 
 def new_consumer(source: KafkaSettings | Mapping[str, Any], *topics: str,
@@ -87,7 +89,7 @@ def new_admin(source: KafkaSettings | Mapping[str, Any], *, client_id: str = "ro
     try:
         return KafkaAdminClient(**{**conn, "client_id": client_id, **config})
     except KafkaError as exc:
-        raise BrokerError(f"cannot reach the cluster at {_servers(conn)!r}: {exc}") from exc
+        raise BrokerError(f"cannot reach the cluster at {_servers(conn)!r}: {diagnose(_servers(conn))}: {exc}") from exc
 
 
 def _ssl_context(conn: Mapping[str, Any]) -> ssl.SSLContext | None:

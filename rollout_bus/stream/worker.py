@@ -1,6 +1,7 @@
 """Running the stream worker programmatically (what ``rollout-bus stream`` calls).
 
-Contract: ``run_worker(...)`` creates the pipeline topics if missing (Faust must not subscribe to
+Contract: ``run_worker(...)`` waits for the cluster to answer (saying why it does not, every 10 s:
+``kafka.admin.wait_for_cluster``), creates the pipeline topics if missing (Faust must not subscribe to
 a topic that does not exist), reads rollout.turns' partition count (the table must match it),
 builds the app (Faust's working directory defaults to a temporary one) and runs it
 (``rollout_bus.stream.app.run_app``: no web server, no Faust CLI) until SIGTERM/SIGINT. It returns the exit status:
@@ -17,7 +18,7 @@ import os
 import tempfile
 from typing import Any
 
-from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.clients import group_less_consumer, wait_for_partitions
 from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
@@ -44,6 +45,7 @@ def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, wi
         data_dir = os.path.join(tempfile.gettempdir(), "rollout-bus-stream", app_id)
     os.makedirs(data_dir, exist_ok=True)
     quiet_client_logs()  # aiokafka logs ~80 lines a second while a broker is down
+    wait_for_cluster(client_kwargs, None)  # a bootstrap that never answers is said within seconds, and why
     ensure_topics(client_kwargs, topics, replication_factor=replication_factor, max_record_bytes=max_record_bytes)
     partitions = topic_partitions(client_kwargs, topics.turns)
     stream_app = build_app(app_id=app_id, client_kwargs=client_kwargs, topics=topics, turns_partitions=partitions,
