@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollout_bus.wire.run_record import RunBatching
-from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, Topics
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, Topics, check_prefix
 
 ENV_PREFIX = "ROLLOUT_BUS_"
 
@@ -37,6 +37,11 @@ class KafkaSettings(_Settings):
     local_port: int = 9092
     # the largest record value on any topic (rollout_bus.kafka.limits sizes topics, producers, consumers)
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1 << 20, le=MAX_RECORD_BYTES_CEILING)
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _legal_prefix(cls, prefix: str) -> str:
+        return check_prefix(prefix)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection keyword arguments shared by kafka-python producers, consumers and admins."""

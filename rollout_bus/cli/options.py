@@ -34,7 +34,12 @@ def role_settings(cls: type[S], **flags: object) -> S:
 
 
 def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **more: object) -> KafkaSettings:
-    return KafkaSettings(**given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, **more))
+    """The connection settings; an unusable one (a prefix Kafka would refuse) is a usage error naming it."""
+    try:
+        return KafkaSettings(**given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, **more))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(problems) from exc
 
 
 def configure_logging(verbose: bool = False) -> None:

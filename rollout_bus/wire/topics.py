@@ -7,12 +7,34 @@ and the stream's changelog the same way (``Topics.group``: ``run42.rollout-bus-s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from rollout_bus.errors import ContractError, must_be
 
 # The largest record value on any topic (``KafkaSettings.max_record_bytes``; ``rollout_bus.kafka.limits``
 # turns it into topic, producer and consumer settings). The broker refuses requests over 100 MiB.
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
 MAX_RECORD_BYTES_CEILING = 96 << 20
+
+
+# Kafka's rule for topic names (and so for a prefix of them): ASCII letters, digits, '.', '_', '-', at most 249
+# characters. The prefix leaves room for the longest name derived from it (a stream app's changelog topic).
+_LEGAL = re.compile(r"[A-Za-z0-9._-]*")
+MAX_PREFIX_CHARS = 180
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` unchanged, or ``ContractError`` naming what Kafka would refuse in the names it makes (the broker's
+    own refusal came back as a request dump, after connecting)."""
+    if not _LEGAL.fullmatch(prefix):
+        bad = sorted({c for c in prefix if not _LEGAL.fullmatch(c)})
+        raise ContractError(must_be("topic prefix", f"only ASCII letters, digits, '.', '_' and '-' (Kafka's topic "
+                                                    f"names; found {''.join(bad)!r})", prefix))
+    if len(prefix) > MAX_PREFIX_CHARS:
+        raise ContractError(must_be("topic prefix", f"at most {MAX_PREFIX_CHARS} characters (Kafka's topic names "
+                                                    f"are at most 249)", f"{len(prefix)} characters"))
+    return prefix
 
 
 @dataclass(frozen=True)
@@ -33,6 +55,9 @@ class Topics:
     prefix: str = ""
     turns_partitions: int = 4
     episodes_partitions: int = 4
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
 
     @property
     def run(self) -> str:
