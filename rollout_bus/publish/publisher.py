@@ -42,6 +42,7 @@ from rollout_bus.wire.codec import encode_samples
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.clients import KafkaError, has_lz4, new_producer, wait_for_partitions
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
+from rollout_bus.kafka.refusals import explain
 from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
 from rollout_bus.wire.headers import TurnHeaders
@@ -180,14 +181,14 @@ class TurnPublisher:
             self._failed_count += 1
             if len(self._failures) < 5:
                 self._failures.append(exc)
-        logger.error("delivery failed topic=%s error=%s", self.topic, exc)
+        logger.error("delivery failed topic=%s error=%s", self.topic, explain(exc))
 
     def _raise_failures(self) -> None:
         with self._lock:
             count, failures = self._failed_count, list(self._failures)
             self._failed_count, self._failures = 0, []
         if count:
-            reasons = "; ".join(f"{type(e).__name__}: {e}" for e in failures)
+            reasons = "; ".join(dict.fromkeys(explain(e) for e in failures))  # each reason once
             raise BrokerError(f"{count} record(s) to topic={self.topic} failed delivery: {reasons}") from failures[0]
 
     def flush(self, timeout: float | None = None) -> None:

@@ -211,3 +211,29 @@ def test_end_run_command_closes_a_run_by_hand_and_refuses_a_topic_that_does_not_
     missing = subprocess.run([*base, "--topic-prefix", "no-such-prefix-x.", "--run-id", "r"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120, env=env)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_a_record_refused_for_its_timestamp_is_reported_as_a_clock_to_check(kafka_bootstrap, tmp_path):
+    """A generator whose clock runs 2 h ahead: the broker's real refusal (INVALID_TIMESTAMP) reaches the person as
+    one line that says which clock to check, through the publisher's own failure path."""
+    from kafka import KafkaProducer
+
+    topic = f"clock-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    try:
+        future = producer.send(topic, b"v", timestamp_ms=int((time.time() + 7200) * 1000))
+        producer.flush()
+        refused = future.exception
+    finally:
+        producer.close()
+    assert type(refused).__name__ == "InvalidTimestampError", refused
+    publisher = TurnPublisher(kafka_bootstrap, topic=topic)
+    try:
+        publisher._on_failure(refused)  # what the producer's I/O thread calls for a refused record
+        with pytest.raises(BrokerError) as raised:
+            publisher.flush()
+    finally:
+        publisher._producer.close()
+    message = str(raised.value)
+    assert "1 record(s)" in message and "out of range" in message and "check this host's clock" in message
+    assert "\n" not in message
