@@ -6,7 +6,8 @@ point is the directory, not a group generation), so Kafka's group protocol canno
 one; the directory can. ``hold_writer_lock(out_dir, who)`` takes ``out_dir/.writer.lock`` with
 ``flock`` (released by the kernel when the process dies, kill -9 included: no stale lock to clean
 up) and writes who holds it (when the disk has room for that: a full disk does not stop it from
-taking the lock); a second writer gets ``WriterLockedError`` naming the holder. The lock
+taking the lock); a second writer gets ``WriterLockedError`` naming the holder, and a directory that cannot be
+written (read-only, a file in the way) a ``ConfigError`` saying so in one line. The lock
 covers writers that share the directory (one machine, or a file system with working ``flock``);
 writers with different directories on one run are the operator's to avoid (README).
 """
@@ -48,9 +49,13 @@ def lock_holder(out_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 def hold_writer_lock(out_dir: str | os.PathLike[str], who: dict[str, Any]) -> Iterator[Path]:
     """Hold ``out_dir``'s writer lock for the block; ``who`` (group, topics) is written into it."""
     directory = Path(out_dir)
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # read-only, not a directory, not permitted: the operator's to fix, said in one line
+        raise ConfigError(f"cannot write to the output directory {directory}: {exc.strerror or exc} "
+                          f"(--out must be a directory this process can write)") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

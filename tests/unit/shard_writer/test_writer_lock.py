@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from rollout_bus.errors import ConfigError
 from rollout_bus.shard_writer.writer_lock import LOCK_NAME, WriterLockedError, hold_writer_lock, lock_holder
 
 
@@ -41,3 +42,13 @@ def test_a_writer_killed_with_sigkill_leaves_no_lock_behind(tmp_path):
     assert (tmp_path / LOCK_NAME).exists()  # the file stays; the lock went with the process
     with hold_writer_lock(tmp_path, {"group": "next"}):
         assert lock_holder(tmp_path)["group"] == "next"
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_in_one_line_naming_it(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    out = blocker / "shards"
+    with pytest.raises(ConfigError, match=rf"cannot write to the output directory {out}: Not a directory "
+                                          r"\(--out must be a directory this process can write\)"):
+        with hold_writer_lock(out, {}):
+            pass
