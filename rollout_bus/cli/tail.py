@@ -92,12 +92,21 @@ def render(snapshot: dict[str, Any]) -> Group:
     for row in dlq["by_reason"]:
         dead.add_row(row["stage"], row["kind"], str(row["count"]))
     lag = Table(title="consumer lag", title_justify="left")
-    for column in ["group", "topic", "partition", "committed", "end", "lag"]:
+    for column in ["group", "topic", "partition", "committed", "end", "lag", "log start", "retention"]:
         lag.add_column(column)
     for row in snapshot["lag"]:
         lag.add_row(row["group"], row["topic"], str(row["partition"]), _number(row["committed"]), str(row["end"]),
-                    str(row["lag"]))
+                    str(row["lag"]), str(row.get("log_start", 0)), _retention_warning(row))
     return Group(windows, batch, stale, dead, lag)
+
+
+def _retention_warning(row: dict[str, Any]) -> str:
+    """What retention did to the group on this partition, in red when it lost records."""
+    if row.get("lost"):
+        return f"[red]LOST {row['lost']} unread[/red]"
+    if row.get("near_log_start"):
+        return "[yellow]near the log start: unread records may be deleted[/yellow]"
+    return ""
 
 
 def staleness_table(snapshot: dict[str, Any]) -> Table:

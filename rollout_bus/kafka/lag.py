@@ -3,8 +3,11 @@
 Contract: ``LagProbe.measure([(group, topic), ...])`` returns one ``LagRow`` per partition of each
 topic. ``committed`` is None where the group has committed nothing for that partition (a stage not
 started yet, or a group name that is wrong); its lag then counts every record still on the partition
-(end - log start), since the stages start from the earliest offset. The probe only reads: it joins
-no group and commits nothing.
+(end - log start), since the stages start from the earliest offset. Each row also says what retention
+(or DeleteRecords) did to the group: ``lost``, records between its position (0 when it committed nothing)
+and the log start, deleted before it read them; ``near_log_start``, its position lies in the oldest tenth of
+what a partition that has deleted records still holds, so the next deletion may take records it has not read.
+The probe only reads: it joins no group and commits nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +32,15 @@ class LagRow:
     committed: int | None
     end: int
     lag: int
+    log_start: int = 0
+    lost: int = 0  # records between the group's position and the log start: deleted before the group read them
+    near_log_start: bool = False  # the group reads in the oldest tenth of what a deleting partition still holds
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+NEAR_FRACTION = 10  # a position in the oldest 1/10 of a partition that is deleting records is at risk
 
 
 def lag_rows(group: str, topic: str, ends: dict[int, int], begins: dict[int, int],
@@ -40,8 +49,15 @@ def lag_rows(group: str, topic: str, ends: dict[int, int], begins: dict[int, int
     rows = []
     for partition in sorted(ends):
         done = committed.get(partition)
-        start = done if done is not None else begins.get(partition, 0)
-        rows.append(LagRow(group, topic, partition, done, ends[partition], max(ends[partition] - start, 0)))
+        first = begins.get(partition, 0)
+        start = done if done is not None else first
+        position = done if done is not None else 0
+        lost = max(first - position, 0)
+        held = ends[partition] - first
+        near = (not lost and first > 0 and ends[partition] > position
+                and position - first < max(1, held // NEAR_FRACTION))
+        rows.append(LagRow(group, topic, partition, done, ends[partition], max(ends[partition] - start, 0), first,
+                           lost, near))
     return rows
 
 

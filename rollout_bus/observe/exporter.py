@@ -90,9 +90,13 @@ def snapshot_families(snapshot: dict[str, Any]) -> list[Metric]:
         dlq.add_metric([row["stage"], row["kind"]], row["count"])
     lag = GaugeMetricFamily("rollout_consumer_lag", "end offset minus committed offset",
                             labels=["group", "topic", "partition"])
+    lost = GaugeMetricFamily("rollout_consumer_lost_records", "records deleted (retention, DeleteRecords) between "
+                             "the group's committed offset and the log start, never read", labels=["group", "topic",
+                                                                                                   "partition"])
     for row in snapshot["lag"]:
         lag.add_metric([row["group"], row["topic"], str(row["partition"])], row["lag"])
-    families += [window_episodes, episodes, batches, samples, dlq, lag]
+        lost.add_metric([row["group"], row["topic"], str(row["partition"])], row.get("lost", 0))
+    families += [window_episodes, episodes, batches, samples, dlq, lag, lost]
     if snapshot["batch"] is not None:
         families.append(GaugeMetricFamily("rollout_latest_batch", "sequence of the latest batch",
                                           value=snapshot["batch"]["batch"]))

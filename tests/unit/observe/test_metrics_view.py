@@ -156,3 +156,15 @@ def test_exported_gauges_prefer_the_adapter_scoped_key_and_carry_the_kind():
 def test_lag_is_end_minus_committed_or_everything_on_the_partition_when_nothing_is_committed():
     rows = lag_rows("g", "t", ends={0: 10, 1: 5}, begins={0: 0, 1: 2}, committed={0: 7})
     assert [(r.partition, r.committed, r.lag) for r in rows] == [(0, 7, 3), (1, None, 3)]
+
+
+def test_lag_rows_say_what_retention_took_and_when_the_group_nears_the_log_start():
+    rows = lag_rows("g", "t", ends={0: 100, 1: 100, 2: 100, 3: 100}, begins={0: 40, 1: 40, 2: 0, 3: 40},
+                    committed={0: 12, 1: 44, 2: 5, 3: 90})
+    assert [(r.partition, r.lost, r.near_log_start) for r in rows] == [
+        (0, 28, False),  # 12..39 deleted before the group read them
+        (1, 0, True),    # 44 is within the oldest tenth of 40..99 while the partition deletes
+        (2, 0, False),   # nothing deleted yet: no retention in play
+        (3, 0, False)]   # far from the log start
+    never = lag_rows("g", "t", ends={0: 10}, begins={0: 4}, committed={})
+    assert (never[0].lost, never[0].lag) == (4, 6)  # a group that never read a partition that deleted 0..3
