@@ -31,7 +31,9 @@ Faust troubles:
   changelog's ``max.message.bytes``; a record the producer or the broker refuses for its size
   raises ``RecordTooLargeError`` to the processor, which dead-letters it by reference;
 * broker outages are waited out inside the clients: the producer's request timeout is Faust's
-  (20 minutes), so a send waits for the broker rather than failing;
+  (20 minutes), so a send waits for the broker rather than failing; a timer probes the broker with a
+  metadata request of its own every 8 s (``rollout_bus.stream.broker_watch``), so an outage that drops
+  packets is said (``waiting for broker ...`` every 10 s, with why) as the other stages say theirs;
 * a rebalance pauses the processor (``TurnProcessor.pause``: the record in hand finishes, in-flight
   finals are applied, the producer is flushed) until the recovery is complete: the memory store's
   recovery replays the whole changelog into the live table, over any record processed meanwhile;
@@ -47,6 +49,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import faust
@@ -56,8 +59,10 @@ from aiokafka.errors import RecordTooLargeError as AioRecordTooLargeError
 
 from rollout_bus.errors import BrokerError, RecordTooLargeError
 from rollout_bus.kafka.clients import faust_brokers, faust_credentials, new_aio_consumer
+from rollout_bus.kafka.reachability import diagnose
 from rollout_bus.kafka.limits import faust_config, topic_config
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
+from rollout_bus.stream.broker_watch import BrokerWatch
 from rollout_bus.stream.lost_records import FetchedRange
 from rollout_bus.stream.processor import TurnProcessor
 from rollout_bus.stream.turn_record import TurnRecord, to_record
@@ -69,6 +74,10 @@ EXIT_AGENT_CRASH = 70
 CATCH_UP_INTERVAL_S = 2.0
 DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within this, with no further record
 CATCH_UP_IDLE_S = 4.0
+# a metadata request of its own says when the broker stops answering (dropped packets); the probe (4 s) and the
+# reason (a 1.5 s TCP connect) fit inside the interval, so the timer never overlaps itself
+BROKER_WATCH_INTERVAL_S = 8.0
+BROKER_PROBE_TIMEOUT_S = 4.0
 TAKE_MAX_RECORDS = 256  # records processed as one batch: one state flush, one drain of their finals
 TAKE_WITHIN_S = 0.01  # the most a record waits for its batch to fill
 # records Faust reads ahead of the agent (its default, 4096, holds ~25 MB of a default backlog: peak
@@ -243,6 +252,27 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         except Exception as exc:  # a failed delivery: crash loudly, the replay re-emits
             on_fatal(exc, processor.outcomes.summary())
             raise
+
+    probe_consumer: list[Any] = []  # one group-less client, started at the first probe
+
+    async def probe() -> None:
+        if not probe_consumer:
+            consumer = new_aio_consumer(client_kwargs, max_record_bytes=max_record_bytes, group_id=None)
+            try:
+                await consumer.start()
+            except BaseException:  # cut off by the probe's deadline too: its cleanup must not hang the watch
+                stopping = asyncio.ensure_future(consumer.stop())
+                stopping.add_done_callback(lambda done: done.cancelled() or done.exception())
+                raise
+            probe_consumer.append(consumer)
+        await probe_consumer[0].topics()  # a metadata request: answered, or the broker is not reachable
+
+    watch = BrokerWatch(probe, ",".join(u.split("://", 1)[-1] for u in faust_brokers(client_kwargs)),
+                        timeout_s=BROKER_PROBE_TIMEOUT_S, why=partial(diagnose, timeout_s=1.5))
+
+    @app.timer(interval=BROKER_WATCH_INTERVAL_S)
+    async def _watch_broker() -> None:
+        await watch.check()
 
     @app.timer(interval=stats_interval_s)
     async def _log_counts() -> None:
