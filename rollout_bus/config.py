@@ -144,6 +144,11 @@ class GenerateSettings(BatchingSettings):
             raise ValueError(f"generator_index must be < generators={self.generators} (got {self.generator_index})")
         return self
 
+    def generator_id(self) -> str:
+        """The ``generator`` header of its turns (WIRE.md 4.2): the same for a restart of this generator (same
+        place among the run's generators, same seed), another for any generator that would make other episodes."""
+        return f"g{self.generator_index}of{self.generators}-seed{self.seed}"
+
 
 class StreamSettings(_Settings):
     """The Faust stream worker (`rollout-bus stream`).

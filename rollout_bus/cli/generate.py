@@ -143,7 +143,7 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
             bootstrap = kwargs.pop("bootstrap_servers")
             with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
                                delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait,
-                               **kwargs) as publisher:
+                               generator=settings.generator_id(), **kwargs) as publisher:
                 if settings.engine == "policy":
                     summary = publish_policy_turns(settings, publisher, watcher, progress=update, gate=gate,
                                                    stop=stop)

@@ -4,7 +4,8 @@ Contract (docs/pipeline.md section 2; the record byte for byte: WIRE.md section 
 
 * Key: ``rollout_key_of(sample)``, so all turns of an episode land on one
   partition in order. Value: ``encode_samples([sample], TURN_FIELDS)``. Headers:
-  ``TurnHeaders(...).to_kafka()`` with ``sent_at`` the wall clock in milliseconds.
+  ``TurnHeaders(...).to_kafka()`` with ``sent_at`` the wall clock in milliseconds, and ``generator`` when
+  the publisher was given one (the stream worker refuses a turn for an episode another generator made).
 * Refused before anything is sent (``ContractError`` naming the reason, the rollout key and the
   turn): a sample that fails ``validate()``, and a sample with no ``rollout_id``, ``index`` or
   ``group_index`` identity (its key would be a batch position, meaningless across records).
@@ -45,7 +46,7 @@ from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
 from rollout_bus.kafka.refusals import explain
 from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
-from rollout_bus.wire.headers import TurnHeaders
+from rollout_bus.wire.headers import TurnHeaders, check_generator_id
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 from rollout_bus.wire.rollout_key import rollout_key_string
@@ -83,12 +84,13 @@ class TurnPublisher:
     def __init__(self, bootstrap_servers: str | list[str], topic: str = DEFAULT_TOPIC, *,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S, on_wait: WaitFn | None = None,
-                 **kafka_config: Any) -> None:
+                 generator: str | None = None, **kafka_config: Any) -> None:
         config = producer_defaults(max_record_bytes, delivery_timeout_s)
         config.update(kafka_config)
         # kafka-python 3 has no buffer pool: the publisher bounds what waits (``buffer_memory`` overrides)
         pending_bytes = int(config.pop("buffer_memory", pending_bytes_limit(max_record_bytes)))
         self.topic = topic
+        self.generator = check_generator_id(generator) if generator is not None else None
         self.max_record_bytes = max_record_bytes
         self.records_sent = 0
         self.bytes_sent = 0
@@ -115,7 +117,7 @@ class TurnPublisher:
                                 f"{len(value)} bytes, over max_record_bytes={self.max_record_bytes} "
                                 "(ROLLOUT_BUS_MAX_RECORD_BYTES)")
         headers = TurnHeaders(turn=turn, attempt=attempt, final=bool(final), group_size=group_size,
-                              sent_at_ms=time.time_ns() // 1_000_000)
+                              sent_at_ms=time.time_ns() // 1_000_000, generator=self.generator)
         return self.send_raw(key, value, headers.to_kafka())
 
     def send_raw(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]):

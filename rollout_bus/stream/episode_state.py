@@ -66,27 +66,32 @@ class EpisodeIndex:
     group_size: int = 1
     partition: int = -1
     final_offset: int = -1
+    generator: str | None = None  # the ``generator`` header of its turn 0 (None: not said)
 
     def to_bytes(self) -> bytes:
-        values = [self.attempt, self.next_turn, int(self.finished), self.group_size]
+        values: list = [self.attempt, self.next_turn, int(self.finished), self.group_size]
         if self.final_offset >= 0:
             values += [self.partition, self.final_offset]
+        if self.generator is not None:
+            values.append(self.generator)
         return compact_json(values)  # a list: key order does not arise
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
         """Strict inverse of ``to_bytes``; ContractError on anything else."""
-        shape = "[attempt, next_turn, finished, group_size] or [..., partition, final_offset]"
+        shape = "[attempt, next_turn, finished, group_size] or [..., partition, final_offset], then the generator"
         try:
             values = json.loads(raw)
         except (ValueError, TypeError) as exc:
             raise ContractError(must_be("episode index", shape, raw)) from exc
+        generator = values.pop() if isinstance(values, list) and values and isinstance(values[-1], str) else None
         if not isinstance(values, list) or len(values) not in (4, 6):
             raise ContractError(must_be("episode index", shape, raw))
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or values[2] > 1:
             raise ContractError(must_be("episode index", "non-negative integers", raw))
         attempt, next_turn, finished, group_size, *where = values
-        return cls(attempt, next_turn, bool(finished), group_size, *where)
+        partition, final_offset = where or (-1, -1)
+        return cls(attempt, next_turn, bool(finished), group_size, partition, final_offset, generator)
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,9 @@ def parse_stored_turn(raw: bytes) -> tuple[int, int, bytes]:
     return offset, sent_at, raw[_STORED.size:]
 
 
-def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None) -> Decision:
-    index = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size)
+def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None, generator: str | None = None) -> Decision:
+    index = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size,
+                         generator=generator if generator is not None else headers.generator)
     action = Action.EMIT if headers.final else Action.STORE
     if discard is None:
         return Decision(action, index)
@@ -152,13 +158,19 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
             return _accept(headers)
         return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
                                                         f"arrived but turn 0 was never seen")
+    if index.generator is not None and headers.generator is not None and index.generator != headers.generator:
+        return Decision(Action.DLQ, kind=DlqKind.COLLISION,
+                        reason=f"turn {headers.turn} of attempt {headers.attempt} is from generator "
+                               f"{headers.generator!r}, but generator {index.generator!r} already made this episode "
+                               f"(the same rollout key): give each generator of a run its own group indices "
+                               f"(--generators N --generator-index I) or its own adapter")
     if index.finished:
         return _decide_finished(index, headers)
     if headers.attempt < index.attempt:
         return Decision(Action.SUPERSEDED, reason=f"attempt {headers.attempt} < current attempt {index.attempt}")
     if headers.attempt > index.attempt:
         if headers.turn == 0:
-            return _accept(headers, discard=index)
+            return _accept(headers, discard=index, generator=index.generator)
         return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"attempt {headers.attempt} starts at turn {headers.turn}, "
                                                         f"not 0 (attempt {index.attempt} was open)")
     if headers.turn < index.next_turn:
@@ -166,13 +178,14 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if headers.turn > index.next_turn:
         return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} skips "
                                                         f"turn {index.next_turn}")
-    return _accept(headers)
+    return _accept(headers, generator=index.generator)
 
 
 def finished_index(index: EpisodeIndex, partition: int = -1, final_offset: int = -1) -> EpisodeIndex:
     """The marker left once the episode is emitted: same attempt and last turn, finished, and
     where its final turn was (for pruning)."""
-    return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size, partition, final_offset)
+    return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size, partition, final_offset,
+                        index.generator)
 
 
 def share_final_reward(segments: list[Sample], final: Sample) -> list[Sample]:

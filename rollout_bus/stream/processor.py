@@ -327,7 +327,8 @@ class TurnProcessor:
             await self._apply(decision, record, headers, sample)
         except Rejected as rejected:
             await self.rejects.dead_letter(record, rejected.kind, rejected.reason)
-            if headers is not None and headers.final:
+            # a colliding final turn is another generator's: the episode held under its key is not abandoned
+            if headers is not None and headers.final and rejected.kind != DlqKind.COLLISION:
                 await self.rejects.abandon(record, headers, rejected.kind, rejected.reason)
 
     async def _control(self, record: TurnRecord, control: str) -> None:

@@ -46,12 +46,13 @@ class DlqKind(StrEnum):
     MASK_CHECK = "mask-check"  # the whole-batch sampling-mask check failed
     CONVERT = "convert"        # any other refusal converting the batch
     LOST = "lost"              # records deleted (retention, delete-records) before the stage read them
+    COLLISION = "collision"    # a turn for an episode another generator already holds (same rollout key)
 
 
 KINDS_BY_STAGE: dict[DlqStage, tuple[DlqKind, ...]] = {
     DlqStage.STREAM: (DlqKind.KEY, DlqKind.HEADERS, DlqKind.DECODE, DlqKind.VALIDATION, DlqKind.FINISHED,
                       DlqKind.GAP, DlqKind.STATE, DlqKind.MERGE, DlqKind.ABANDONED, DlqKind.PARTITION,
-                      DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST),
+                      DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST, DlqKind.COLLISION),
     DlqStage.SHARDS: (DlqKind.DECODE, DlqKind.CONTROL, DlqKind.LATE, DlqKind.GROUP, DlqKind.STALE,
                       DlqKind.MASK_CHECK, DlqKind.CONVERT, DlqKind.TOO_LARGE, DlqKind.LOST),
 }

@@ -8,6 +8,7 @@ skipped) from data, and the header the stream worker adds to a re-routed turn. T
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,6 +21,10 @@ HEADER_FINAL = "final"
 HEADER_GROUP_SIZE = "group_size"
 HEADER_SCHEMA = "schema"
 HEADER_SENT_AT = "sent_at"
+# Optional: which generator made the turn, stable across its restarts (WIRE.md section 4.2); the stream worker
+# refuses a turn whose episode another generator already holds (dlq.kind ``collision``).
+HEADER_GENERATOR = "generator"
+GENERATOR_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 SCHEMA_VERSION = "1"
 # Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).
 HEADER_REROUTED_FROM = "rerouted-from"
@@ -49,11 +54,15 @@ class TurnHeaders:
     group_size: int
     sent_at_ms: int
     schema: str = SCHEMA_VERSION
+    generator: str | None = None
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
-                (HEADER_FINAL, b"1" if self.final else b"0"), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
-                (HEADER_SCHEMA, self.schema.encode()), (HEADER_SENT_AT, str(self.sent_at_ms).encode())]
+        headers = [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
+                   (HEADER_FINAL, b"1" if self.final else b"0"), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
+                   (HEADER_SCHEMA, self.schema.encode()), (HEADER_SENT_AT, str(self.sent_at_ms).encode())]
+        if self.generator is not None:
+            headers.append((HEADER_GENERATOR, check_generator_id(self.generator).encode()))
+        return headers
 
     @classmethod
     def from_kafka(cls, headers: Iterable[tuple[str, bytes]] | None) -> "TurnHeaders":
@@ -78,5 +87,17 @@ class TurnHeaders:
         final = integer(HEADER_FINAL, 0)
         if final not in (0, 1):
             raise ContractError(f"header {HEADER_FINAL!r} must be 0 or 1 (got {final})")
+        generator = found.get(HEADER_GENERATOR)
+        if generator is not None:
+            generator = check_generator_id(bytes(generator).decode("ascii", "replace"))
         return cls(turn=integer(HEADER_TURN, 0), attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
-                   group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema)
+                   group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema,
+                   generator=generator)
+
+
+def check_generator_id(generator: str) -> str:
+    """``generator`` unchanged, or ContractError: 1-128 of ASCII letters, digits and ``._:/-``."""
+    if not GENERATOR_ID.fullmatch(generator):
+        raise ContractError(f"header {HEADER_GENERATOR!r} must be 1-128 of ASCII letters, digits and '._:/-' "
+                            f"(got {generator!r})")
+    return generator

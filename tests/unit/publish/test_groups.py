@@ -39,3 +39,14 @@ def test_generators_of_one_run_split_the_group_indices_and_never_make_the_same_e
 def test_a_generator_index_outside_the_generators_is_refused_by_name():
     with pytest.raises(ValidationError, match="generator_index must be < generators=2"):
         GenerateSettings(generators=2, generator_index=2)
+
+
+def test_a_generators_id_is_the_same_across_its_restarts_and_differs_from_any_other_generators():
+    from rollout_bus.config import GenerateSettings
+
+    one = GenerateSettings(generators=2, generator_index=1, seed=5)
+    assert one.generator_id() == "g1of2-seed5" == GenerateSettings(generators=2, generator_index=1, seed=5).generator_id()
+    others = {GenerateSettings(generators=2, generator_index=0, seed=5).generator_id(),
+              GenerateSettings(generators=2, generator_index=1, seed=6).generator_id(),
+              GenerateSettings(generators=3, generator_index=1, seed=5).generator_id()}
+    assert one.generator_id() not in others and len(others) == 3

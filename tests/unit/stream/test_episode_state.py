@@ -539,3 +539,65 @@ def test_a_rebalance_pause_waits_for_the_record_in_hand_applies_its_final_and_ho
     assert state_at_pause == (True, 3)  # its final was acknowledged and applied, its position recorded
     assert held_while_paused == (False, False, 1)  # nothing touched the state until resume()
     assert len(sink.on(topics.episodes)) == 2 and int(processor.table[position_key(0)]) == 4
+
+
+def _from_generator(records: list[TurnRecord], generator: str, first_offset: int) -> list[TurnRecord]:
+    """The same turns as another generator's records (its ``generator`` header), at later offsets."""
+    out = []
+    for i, record in enumerate(records):
+        headers = TurnHeaders.from_kafka(record.headers)
+        stamped = TurnHeaders(headers.turn, headers.attempt, headers.final, headers.group_size, headers.sent_at_ms,
+                              generator=generator).to_kafka()
+        out.append(TurnRecord(record.key, record.value, stamped, record.topic, record.partition, first_offset + i,
+                              record.timestamp_ms))
+    return out
+
+
+def test_a_turn_for_an_episode_another_generator_made_is_dead_lettered_as_a_collision_never_merged():
+    turns = _episode(6, 2)
+    first = _from_generator(_records(turns), "g0of1-seed1", 0)
+    second = _from_generator(_records(turns), "g0of1-seed2", 2)  # same key: another seed, same group index
+    processor, sink, topics = _processor()
+    arriving = [first[0], second[0], second[1], first[1], *_from_generator(_records(turns), "g0of1-seed2", 4)]
+    arriving = [TurnRecord(r.key, r.value, r.headers, r.topic, r.partition, offset, r.timestamp_ms)
+                for offset, r in enumerate(arriving)]  # one partition, in this order
+    _run(processor, arriving)
+    episodes = [r for r in sink.on(topics.episodes) if control_kind(r[3]) is None]
+    assert len(episodes) == 1 and decode_episode(episodes[0][2])[1].turns == 2  # the first generator's, whole
+    letters = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
+    assert [(d.kind, d.source) for d in letters] == [("collision", "turns:0:1"), ("collision", "turns:0:2"),
+                                                     ("collision", "turns:0:4"), ("collision", "turns:0:5")]
+    assert "generator 'g0of1-seed1' already made this episode" in letters[0].reason
+    assert "--generators N --generator-index I" in letters[0].reason
+    assert not [r for r in sink.on(topics.episodes) if control_kind(r[3]) == "abandoned"]  # nothing abandoned
+    assert processor.outcomes["dlq.collision"] == 4
+
+
+def test_the_same_generator_restarted_and_a_generator_without_the_header_are_not_collisions():
+    turns = _episode(7, 2)
+    same = _from_generator(_records(turns), "g1of2-seed3", 0) + _from_generator(_records(turns), "g1of2-seed3", 2)
+    processor, sink, topics = _processor()
+    _run(processor, same)  # a restart re-publishing its episode: duplicates, dropped as such
+    assert len(sink.on(topics.episodes)) == 1 and sink.on(topics.dlq) == []
+    unnamed = _records(_episode(8, 2))
+    mixed = [unnamed[0], _from_generator(unnamed, "g0of1-seed0", 0)[1]]
+    processor, sink, topics = _processor()
+    _run(processor, mixed)
+    assert len(sink.on(topics.episodes)) == 1 and sink.on(topics.dlq) == []
+
+
+def test_the_episode_index_keeps_its_generator_and_reads_older_indexes_without_one():
+    index = EpisodeIndex(1, 3, True, 4, 2, 99, "g0of2-seed7")
+    assert EpisodeIndex.from_bytes(index.to_bytes()) == index
+    assert EpisodeIndex.from_bytes(b"[1,3,0,4]") == EpisodeIndex(1, 3, False, 4)
+    assert finished_index(EpisodeIndex(0, 2, False, 4, generator="x"), 1, 5).generator == "x"
+    with pytest.raises(ContractError):
+        EpisodeIndex.from_bytes(b'[1,3,0,"g"]')
+
+
+def test_a_generator_header_that_is_not_an_id_is_refused_by_name():
+    headers = TurnHeaders(0, 0, False, 2, 7).to_kafka() + [("generator", b"two words")]
+    with pytest.raises(ContractError, match=r"header 'generator' must be 1-128 of ASCII letters.*'two words'"):
+        TurnHeaders.from_kafka(headers)
+    assert TurnHeaders.from_kafka(TurnHeaders(0, 0, False, 2, 7, generator="g0of1-seed0").to_kafka()).generator \
+        == "g0of1-seed0"
