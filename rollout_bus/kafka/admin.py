@@ -36,6 +36,7 @@ from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
 from rollout_bus.kafka.limits import topic_config
 from rollout_bus.kafka.reachability import diagnose
+from rollout_bus.kafka.retry import describe
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TopicSpec, Topics
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,26 @@ def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float | None, *, 
                                servers, now - began, diagnose(servers or ""), limit)
         left = 1.0 if timeout_s is None else timeout_s - (time.monotonic() - began)
         time.sleep(min(1.0, max(0.0, left)))
+
+
+def grow_partitions(client_kwargs: dict[str, Any], name: str, count: int) -> int | None:
+    """Give the existing topic ``name`` at least ``count`` partitions; returns the count it had when it had
+    fewer (None: it does not exist, or already had enough). A stream worker's state changelog must have
+    as many partitions as rollout.turns, which an operator may have raised mid-run."""
+    admin = new_admin(client_kwargs)
+    try:
+        found = [t for t in admin.describe_topics([name]) if t.get("error_code", 0) == 0 and t.get("partitions")]
+        if not found or len(found[0]["partitions"]) >= count:
+            return None
+        before = len(found[0]["partitions"])
+        admin.create_partitions({name: count})
+        logger.warning("topic=%s had %d partitions, raised to %d (as many as the topic it keeps state for)", name,
+                       before, count)
+        return before
+    except KafkaError as exc:
+        raise BrokerError(f"raising the partitions of {name} to {count} failed: {describe(exc)}") from exc
+    finally:
+        admin.close()
 
 
 def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) -> list[str]:

@@ -37,6 +37,9 @@ Faust troubles:
 * a rebalance pauses the processor (``TurnProcessor.pause``: the record in hand finishes, in-flight
   finals are applied, the producer is flushed) until the recovery is complete: the memory store's
   recovery replays the whole changelog into the live table, over any record processed meanwhile;
+* a partition count of rollout.turns or rollout.episodes that changes under the worker (seen by the same
+  probe) calls ``on_partitions_changed`` (default: an ERROR line naming both counts, then exit
+  ``EXIT_PARTITIONS_CHANGED``, 75): the state table is sized at start, so a restart follows the new count;
 * any error that is not a bad record calls ``on_fatal`` (default: log and exit the process with
   ``EXIT_AGENT_CRASH``), so a broken agent never idles silently; replay makes the exit safe.
 """
@@ -71,6 +74,7 @@ from rollout_bus.stream.state import ChangelogState
 logger = logging.getLogger(__name__)
 
 EXIT_AGENT_CRASH = 70
+EXIT_PARTITIONS_CHANGED = 75  # EX_TEMPFAIL: restart me (the state table is sized by rollout.turns at start)
 CATCH_UP_INTERVAL_S = 2.0
 DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within this, with no further record
 CATCH_UP_IDLE_S = 4.0
@@ -100,6 +104,21 @@ def exit_on_fatal(exc: BaseException, summary: str) -> None:
     logging.shutdown()
     sys.stderr.flush()
     os._exit(EXIT_AGENT_CRASH)
+
+
+def changelog_topic(app_id: str) -> str:
+    """The state table's changelog topic (Faust names it ``{app id}-{table}-changelog``)."""
+    return f"{app_id}-{TABLE_NAME}-changelog"
+
+
+def exit_on_partition_change(topic: str, started_with: int, now: int) -> None:
+    """Say that a topic's partition count changed under the worker, then exit for a restart that reads it."""
+    logger.error("topic=%s now has %d partitions, this worker started with %d: records on the new partitions would "
+                 "never be read; exiting with %d so the worker restarts with the new count (its state changelog is "
+                 "raised to match at start)", topic, now, started_with, EXIT_PARTITIONS_CHANGED)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_PARTITIONS_CHANGED)
 
 
 def _is_too_large(exc: BaseException | None) -> bool:
@@ -155,7 +174,8 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
               window_seconds: float = 60.0, grace_seconds: float = 10.0, data_dir: str | None = None,
               stats_interval_s: float = 30.0, commit_interval_s: float = 1.0, replication_factor: int = 1,
               episodes_partitions: int = 1, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
-              on_fatal: Callable[[BaseException, str], None] = exit_on_fatal) -> StreamApp:
+              on_fatal: Callable[[BaseException, str], None] = exit_on_fatal,
+              on_partitions_changed: Callable[[str, int, int], None] = exit_on_partition_change) -> StreamApp:
     """The stream worker's app; ``turns_partitions`` and ``episodes_partitions`` must be the partition
     counts of rollout.turns and rollout.episodes."""
     app = faust.App(
@@ -254,6 +274,7 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
             raise
 
     probe_consumer: list[Any] = []  # one group-less client, started at the first probe
+    seen_partitions: dict[str, int] = {}  # per topic, from the last probe's metadata
 
     async def probe() -> None:
         if not probe_consumer:
@@ -265,14 +286,24 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
                 stopping.add_done_callback(lambda done: done.cancelled() or done.exception())
                 raise
             probe_consumer.append(consumer)
-        await probe_consumer[0].topics()  # a metadata request: answered, or the broker is not reachable
+        # a metadata request of all topics: answered, or the broker is not reachable. The public topics() makes
+        # the same request but returns names only; the cluster metadata it builds gives the partition counts
+        cluster = await probe_consumer[0]._client.fetch_all_metadata()
+        for topic in (topics.turns, topics.episodes):
+            seen_partitions[topic] = len(cluster.partitions_for_topic(topic) or ())
 
     watch = BrokerWatch(probe, ",".join(u.split("://", 1)[-1] for u in faust_brokers(client_kwargs)),
                         timeout_s=BROKER_PROBE_TIMEOUT_S, why=partial(diagnose, timeout_s=1.5))
 
     @app.timer(interval=BROKER_WATCH_INTERVAL_S)
     async def _watch_broker() -> None:
-        await watch.check()
+        if not await watch.check():
+            return
+        # the probe's metadata is fresh: a partition count raised mid-run is followed by a restart
+        for topic, started_with in ((topics.turns, turns_partitions), (topics.episodes, episodes_partitions)):
+            now = seen_partitions.get(topic, 0)
+            if now and now != started_with:
+                on_partitions_changed(topic, started_with, now)
 
     @app.timer(interval=stats_interval_s)
     async def _log_counts() -> None:

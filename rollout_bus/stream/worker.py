@@ -3,7 +3,9 @@
 Contract: ``run_worker(...)`` waits for the cluster to answer (saying why it does not, every 10 s:
 ``kafka.admin.wait_for_cluster``), creates the pipeline topics if missing (Faust must not subscribe to
 a topic that does not exist), reads rollout.turns' partition count (the table must match it),
-builds the app (Faust's working directory defaults to a temporary one) and runs it
+raises its state changelog's partitions to match if rollout.turns was raised since (a worker that sees the
+count change exits 75 to be restarted: ``rollout_bus.stream.app``), builds the app (Faust's working directory
+defaults to a temporary one) and runs it
 (``rollout_bus.stream.app.run_app``: no web server, no Faust CLI) until SIGTERM/SIGINT. It returns the exit status:
 0 after a clean stop, non-zero when the worker crashed; an agent crash ends the process itself
 (``rollout_bus.stream.app.EXIT_AGENT_CRASH``). The outcome counts are logged periodically by the app and
@@ -18,11 +20,11 @@ import os
 import tempfile
 from typing import Any
 
-from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
+from rollout_bus.kafka.admin import ensure_topics, grow_partitions, wait_for_cluster
 from rollout_bus.kafka.clients import group_less_consumer, wait_for_partitions
 from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
-from rollout_bus.stream.app import build_app, run_app
+from rollout_bus.stream.app import build_app, changelog_topic, run_app
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def run_worker(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, wi
     wait_for_cluster(client_kwargs, None)  # a bootstrap that never answers is said within seconds, and why
     ensure_topics(client_kwargs, topics, replication_factor=replication_factor, max_record_bytes=max_record_bytes)
     partitions = topic_partitions(client_kwargs, topics.turns)
+    grow_partitions(client_kwargs, changelog_topic(app_id), partitions)  # rollout.turns raised since the last start
     stream_app = build_app(app_id=app_id, client_kwargs=client_kwargs, topics=topics, turns_partitions=partitions,
                            window_seconds=window_seconds, grace_seconds=grace_seconds, data_dir=data_dir,
                            stats_interval_s=stats_interval_s, commit_interval_s=commit_interval_s,
