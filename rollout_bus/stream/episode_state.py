@@ -14,8 +14,11 @@ Contract:
     expected one, or at or below the last turn of a finished episode): ignore it;
   - ``SUPERSEDED``: a turn of an attempt older than the one held: a retry replaced it (Kafka
     keeps one key's records in order, so this is only ever a redelivery): ignore it;
+  - ``HOLD`` (kind ``gap`` and why, for when it never resolves): the turn is ahead of its predecessor (it
+    skips one, a first turn that is not 0, a new attempt not at turn 0): keep it until the predecessor
+    comes; only the run's end makes it a ``gap`` dead letter (``rollout_bus.stream.held_turns``);
   - ``DLQ`` with a ``kind``: ``finished`` (a new turn or a new attempt for a finished episode),
-    ``gap`` (a turn skips one, or a new attempt does not start at turn 0).
+    ``collision`` (another generator's episode holds the key).
 
   A higher attempt starting at turn 0 discards the older attempt: ``Decision.discard`` lists the
   turn keys to delete.
@@ -49,6 +52,7 @@ class Action(str, Enum):
     DUPLICATE = "duplicate"
     SUPERSEDED = "superseded"
     DLQ = "dlq"
+    HOLD = "hold"  # ahead of its predecessor: kept until it arrives (``held_turns``), a gap only at the run's end
 
 
 @dataclass(frozen=True)
@@ -156,8 +160,8 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if index is None:
         if headers.turn == 0:
             return _accept(headers)
-        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
-                                                        f"arrived but turn 0 was never seen")
+        return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
+                                                         f"arrived but turn 0 was never seen")
     if index.generator is not None and headers.generator is not None and index.generator != headers.generator:
         return Decision(Action.DLQ, kind=DlqKind.COLLISION,
                         reason=f"turn {headers.turn} of attempt {headers.attempt} is from generator "
@@ -171,13 +175,13 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if headers.attempt > index.attempt:
         if headers.turn == 0:
             return _accept(headers, discard=index, generator=index.generator)
-        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"attempt {headers.attempt} starts at turn {headers.turn}, "
-                                                        f"not 0 (attempt {index.attempt} was open)")
+        return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"attempt {headers.attempt} starts at turn "
+                                                         f"{headers.turn}, not 0 (attempt {index.attempt} was open)")
     if headers.turn < index.next_turn:
         return Decision(Action.DUPLICATE, reason=f"turn {headers.turn} already stored")
     if headers.turn > index.next_turn:
-        return Decision(Action.DLQ, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} skips "
-                                                        f"turn {index.next_turn}")
+        return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
+                                                         f"skips turn {index.next_turn}")
     return _accept(headers, generator=index.generator)
 
 

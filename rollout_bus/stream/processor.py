@@ -30,6 +30,10 @@ Contract:
   rollout.dlq, and an episode that will never be emitted (its final turn dead-lettered, unmergeable,
   or over the size limit) is abandoned: ``rollout_bus.stream.rejections``. Only errors of the record
   itself (``ValueError``s: decode, headers, validation, merge) are caught; anything else propagates.
+* A turn ahead of its predecessor (``Action.HOLD``) is kept in the state (``held_turns``) and taken up
+  again once the predecessor is stored; it becomes a ``gap`` dead letter only when the predecessor was
+  dead-lettered for itself (a ``dead_key`` marker), or the run's end-of-run marker reaches its partition
+  first (a final one then abandons its episode). Counted ``turns_held`` and ``turns_released``.
 * An ``end-of-run`` control record (``records.EndOfRun``) on a turns partition is forwarded, once
   every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
   partition it came from.
@@ -64,6 +68,7 @@ from rollout_bus.model.turns import merge_samples
 from rollout_bus.stream.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
                                               parse_stored_turn, share_final_reward, stored_turn, turn_key)
 from rollout_bus.stream.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
+from rollout_bus.stream.held_turns import dead_key, held_key, held_record, hold_value, is_held_key
 from rollout_bus.stream.in_flight import Final, InFlight
 from rollout_bus.stream.lost_records import FetchedRange, lost_ranges
 from rollout_bus.stream.rejections import Rejections, StoredTurn
@@ -311,9 +316,11 @@ class TurnProcessor:
         else:
             await self.rejects.dead_letter(record, DlqKind.PARTITION, reason)
 
-    async def _turn(self, record: TurnRecord) -> None:
-        """One turn record to its outcome; a dead-lettered final turn abandons its episode."""
-        self.outcomes["turns_received"] += 1
+    async def _turn(self, record: TurnRecord, *, released: bool = False) -> None:
+        """One turn record to its outcome; a dead-lettered final turn abandons its episode. ``released``: a
+        held turn taken up again once its predecessor is stored (counted once, when it arrived)."""
+        if not released:
+            self.outcomes["turns_received"] += 1
         headers = None
         try:
             headers = parse_headers(record)
@@ -327,9 +334,21 @@ class TurnProcessor:
             await self._apply(decision, record, headers, sample)
         except Rejected as rejected:
             await self.rejects.dead_letter(record, rejected.kind, rejected.reason)
-            # a colliding final turn is another generator's: the episode held under its key is not abandoned
-            if headers is not None and headers.final and rejected.kind != DlqKind.COLLISION:
+            if headers is None or rejected.kind in (DlqKind.COLLISION, DlqKind.FINISHED):
+                return  # another generator's turn, or one after the end: the episode held is not touched
+            if headers.final:
                 await self.rejects.abandon(record, headers, rejected.kind, rejected.reason)
+            else:
+                await self._never_merged(record, headers, rejected.kind)
+
+    async def _never_merged(self, record: TurnRecord, headers: TurnHeaders, kind: str) -> None:
+        """A turn dead-lettered for itself: its successor (held now, or arriving later) can never merge, so it is
+        a ``gap`` at once rather than at the run's end."""
+        self.table[dead_key(record.key, headers.attempt, headers.turn)] = b"%d" % record.partition
+        raw = self.table.get(held_key(record.key, headers.attempt, headers.turn + 1))
+        if raw is not None:
+            self._delete(held_key(record.key, headers.attempt, headers.turn + 1))
+            await self._turn(held_record(held_key(record.key, headers.attempt, headers.turn + 1), raw), released=True)
 
     async def _control(self, record: TurnRecord, control: str) -> None:
         """An end-of-run marker is forwarded to every rollout.episodes partition, after every
@@ -345,6 +364,8 @@ class TurnProcessor:
         except ContractError as exc:
             await self.rejects.dead_letter(record, DlqKind.CONTROL, str(exc))
             return
+        self.table.bind(record.partition)
+        await self._expire_held(record.partition)
         await self.drain()
         self.table.bind(record.partition)
         forwarded = marker.forwarded(record.partition, self.turns_partitions)
@@ -363,6 +384,14 @@ class TurnProcessor:
             return
         if decision.action is Action.DLQ:
             raise Rejected(decision.kind, decision.reason)
+        if decision.action is Action.HOLD:
+            if dead_key(record.key, headers.attempt, headers.turn - 1) in self.table:
+                raise Rejected(DlqKind.GAP, f"{decision.reason}; turn {headers.turn - 1} was dead-lettered")
+            self.table[held_key(record.key, headers.attempt, headers.turn)] = hold_value(record)
+            self.outcomes["turns_held"] += 1
+            logger.info("holding key=%r turn=%d attempt=%d offset=%d until its predecessor arrives: %s", record.key,
+                        headers.turn, headers.attempt, record.offset, decision.reason)
+            return
         if decision.discard_attempt is not None:
             for turn in range(decision.discard_turns):
                 self._delete(turn_key(record.key, decision.discard_attempt, turn))
@@ -374,8 +403,40 @@ class TurnProcessor:
             self._decoded[key] = sample
             self.table[index_key(record.key)] = decision.index.to_bytes()
             self.outcomes["turns_stored"] += 1
+            await self._release_next(record.key, headers.attempt, headers.turn + 1)
             return
         await self._emit(decision.index, record, headers, sample)
+
+    async def _release_next(self, key: bytes, attempt: int, turn: int) -> None:
+        """The turn held for ``(attempt, turn)`` of ``key``, if any, is processed now that its predecessor is stored."""
+        raw = self.table.get(held_key(key, attempt, turn))
+        if raw is None:
+            return
+        self._delete(held_key(key, attempt, turn))
+        self.outcomes["turns_released"] += 1
+        await self._turn(held_record(held_key(key, attempt, turn), raw), released=True)
+
+    async def _expire_held(self, partition: int) -> None:
+        """At the run's end on ``partition`` no predecessor can come: every turn still held there is decided
+        once more, and one still ahead of its predecessor is a ``gap`` dead letter (a final one abandons)."""
+        for key in sorted(k for k in list(self.table.keys()) if is_held_key(k)):
+            raw = self.table.get(key)
+            if raw is None:  # released meanwhile by an earlier one
+                continue
+            record = held_record(key, raw)
+            if record.partition != partition:
+                continue
+            self._delete(key)
+            headers = parse_headers(record)
+            index_raw = self.table.get(index_key(record.key))
+            decision = decide(EpisodeIndex.from_bytes(index_raw) if index_raw is not None else None, headers)
+            if decision.action is Action.HOLD:
+                reason = f"{decision.reason}; the run ended on this partition before it came"
+                await self.rejects.dead_letter(record, DlqKind.GAP, reason)
+                if headers.final:
+                    await self.rejects.abandon(record, headers, DlqKind.GAP, reason)
+            else:
+                await self._turn(record, released=True)
 
     def _delete(self, key: bytes) -> None:
         """Delete through ``__delitem__``, the path that writes the changelog tombstone."""
@@ -439,6 +500,7 @@ class TurnProcessor:
         self.markers.add(final.partition, final.offset, key)
         for turn in range(headers.turn):
             self._delete(turn_key(key, headers.attempt, turn))
+            self._delete(dead_key(key, headers.attempt, turn))
 
     def _prune_finished(self, partition: int, position: int) -> None:
         """Delete finished markers far behind the partition's recorded position (``finished_markers``)."""

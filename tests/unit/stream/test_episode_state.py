@@ -37,14 +37,14 @@ DONE = EpisodeIndex(attempt=1, next_turn=3, finished=True)
 @pytest.mark.parametrize("index, headers, action, kind", [
     pytest.param(None, _h(0), Action.STORE, "", id="first-turn-is-stored"),
     pytest.param(None, _h(0, final=True), Action.EMIT, "", id="single-turn-episode-is-emitted"),
-    pytest.param(None, _h(1), Action.DLQ, "gap", id="episode-starting-after-turn-0-is-a-gap"),
+    pytest.param(None, _h(1), Action.HOLD, "gap", id="episode-starting-after-turn-0-waits-for-turn-0"),
     pytest.param(OPEN, _h(2, 1), Action.STORE, "", id="next-turn-is-stored"),
     pytest.param(OPEN, _h(2, 1, final=True), Action.EMIT, "", id="final-next-turn-emits"),
     pytest.param(OPEN, _h(1, 1), Action.DUPLICATE, "", id="stored-turn-again-is-a-duplicate"),
-    pytest.param(OPEN, _h(3, 1), Action.DLQ, "gap", id="skipping-a-turn-is-a-gap"),
+    pytest.param(OPEN, _h(3, 1), Action.HOLD, "gap", id="skipping-a-turn-waits-for-it"),
     pytest.param(OPEN, _h(0, 0), Action.SUPERSEDED, "", id="older-attempt-is-superseded"),
     pytest.param(OPEN, _h(0, 2), Action.STORE, "", id="newer-attempt-at-turn-0-restarts"),
-    pytest.param(OPEN, _h(1, 2), Action.DLQ, "gap", id="newer-attempt-not-at-turn-0-is-a-gap"),
+    pytest.param(OPEN, _h(1, 2), Action.HOLD, "gap", id="newer-attempt-not-at-turn-0-waits-for-its-turn-0"),
     pytest.param(DONE, _h(2, 1, final=True), Action.DUPLICATE, "", id="redelivered-final-is-a-duplicate"),
     pytest.param(DONE, _h(0, 1), Action.DUPLICATE, "", id="redelivered-early-turn-is-a-duplicate"),
     pytest.param(DONE, _h(3, 1), Action.DLQ, "finished", id="new-turn-after-finish-is-dead-lettered"),
@@ -466,8 +466,8 @@ def test_records_deleted_before_they_were_read_are_dead_lettered_as_lost_and_the
     processor, sink, topics = _processor(fetch=fetch)
     _run(processor, [records[0], records[3]])  # Faust's consumer reset to the log start without a word
     assert fetches == [(1, 3)]
-    lost, gap = _lost_letters(sink, topics)  # episode 4's turn 0 was lost: the log says its turn 1 can never merge
-    assert lost == ("lost", "turns:0:1", 2, b"", None) and gap[:2] == ("gap", "turns:0:3")
+    lost, = _lost_letters(sink, topics)  # episode 4's turn 0 was lost: its turn 1 waits (a gap at the run's end)
+    assert lost == ("lost", "turns:0:1", 2, b"", None) and processor.outcomes["turns_held"] == 1
     assert processor.outcomes["records_lost"] == 2 and processor.outcomes["dlq.lost"] == 1
     assert int(processor.table[position_key(0)]) == 4
     # the idle timer finds nothing more to read: the lost offsets are not awaited again
@@ -601,3 +601,48 @@ def test_a_generator_header_that_is_not_an_id_is_refused_by_name():
         TurnHeaders.from_kafka(headers)
     assert TurnHeaders.from_kafka(TurnHeaders(0, 0, False, 2, 7, generator="g0of1-seed0").to_kafka()).generator \
         == "g0of1-seed0"
+
+
+def _in_order(records: list[TurnRecord]) -> list[TurnRecord]:
+    """The records at consecutive offsets of one partition, in the order given (as they arrived)."""
+    return [TurnRecord(r.key, r.value, r.headers, r.topic, r.partition, offset, r.timestamp_ms)
+            for offset, r in enumerate(records)]
+
+
+@pytest.mark.parametrize("order", [(0, 2, 1), (1, 0, 2), (2, 1, 0), (1, 2, 0)])
+def test_turns_that_arrive_before_their_predecessor_wait_for_it_and_the_episode_merges_whole(order):
+    turns = _episode(14, 3)
+    records = _records(turns)
+    processor, sink, topics = _processor()
+    _run(processor, _in_order([records[i] for i in order]))
+    (_, _, value, _), = sink.on(topics.episodes)
+    segments, info = decode_episode(value)
+    assert info.turns == 3 and segments == share_final_reward(merge_samples(turns), turns[-1])
+    assert sink.on(topics.dlq) == [] and processor.outcomes["turns_received"] == 3
+    assert processor.outcomes["turns_held"] == processor.outcomes["turns_released"] >= 1
+    assert not any(k.startswith(b"h|") for k in processor.table)  # nothing left held
+
+
+def test_a_turn_still_waiting_when_the_run_ends_on_its_partition_is_a_gap_and_a_final_one_abandons():
+    records = _records(_episode(15, 3))
+    end = TurnRecord(END_OF_RUN_KEY, EndOfRun("run-b").value(), EndOfRun("run-b").headers(), "turns", 0, 0, 9)
+    processor, sink, topics = _processor()
+    _run(processor, _in_order([records[0], records[2], end]))  # turn 1 never comes
+    letters = [DeadLetter.from_record(k, v, h) for _, k, v, h in sink.on(topics.dlq)]
+    gap = next(d for d in letters if d.kind == "gap")
+    assert gap.source == "turns:0:1" and "the run ended on this partition before it came" in gap.reason
+    (_, marker), = _abandoned(sink, topics)
+    assert marker.kind == "gap" and not any(k.startswith(b"h|") for k in processor.table)
+    assert [k for _, k, _, _ in sink.on(topics.episodes)][-1] == END_OF_RUN_KEY  # forwarded after the gap
+
+
+def test_a_held_turn_survives_a_restart_in_the_state_and_merges_when_its_predecessor_comes():
+    turns = _episode(16, 3)
+    records = _in_order([_records(turns)[i] for i in (0, 2, 1)])
+    store: dict = {}
+    first, _, _ = _processor(store=store)
+    _run(first, records[:2])  # turn 2 held; the worker then stops
+    again, sink, topics = _processor(store=store)  # a new worker over the same state
+    _run(again, records[2:])
+    (_, _, value, _), = sink.on(topics.episodes)
+    assert decode_episode(value)[1].turns == 3 and sink.on(topics.dlq) == []
