@@ -65,6 +65,14 @@ class MissingTopicError(Unavailable, ConfigError):
     retries, as for ``Unavailable``) or a wrong name (a command-line value: ``ConfigError``)."""
 
 
+class PartitionsChangedError(RolloutBusError):
+    """A topic a stage reads gained partitions under it: the stage exits to be restarted with the new count
+    (exit status ``EXIT_PARTITIONS_CHANGED``)."""
+
+
+EXIT_PARTITIONS_CHANGED = 75  # EX_TEMPFAIL: restart me
+
+
 class FeedTimeoutError(RolloutBusError, TimeoutError):
     """Waited longer than its timeout for the bus: a trainer's feed for its next batch, a generator for
     a weight version."""

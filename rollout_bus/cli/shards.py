@@ -12,6 +12,7 @@ a writer whose batching differs from the run's exits 2 naming the setting.
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 
 import typer
@@ -21,7 +22,7 @@ from rollout_bus.shard_writer.writer import ShardWriter
 from rollout_bus.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
-from rollout_bus.errors import ConfigError
+from rollout_bus.errors import EXIT_PARTITIONS_CHANGED, ConfigError, PartitionsChangedError
 from rollout_bus.kafka.admin import wait_for_cluster
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
 
@@ -94,6 +95,9 @@ def shards(
         except ConfigError as exc:  # another writer holds --out, or --out holds another run's batches
             console.print(f"[red]shard writer refused:[/red] {exc}")
             raise typer.Exit(2) from exc
+        except PartitionsChangedError as exc:
+            logging.getLogger("rollout_bus.shard_writer").error("%s", exc)
+            raise typer.Exit(EXIT_PARTITIONS_CHANGED) from exc
     console.print(_progress_line(stats))
     if stats.batches_found:
         console.print(f"found {stats.batches_found} complete batches on disk "

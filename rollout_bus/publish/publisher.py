@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOPIC = "rollout.turns"
 LINGER_MS = 5
 BATCH_BYTES = 1 << 20  # a realistic turn is 5-250 kB: the 16 kB default would send one record per request
+PARTITIONS_CHECK_S = 10.0  # how often the generator looks at the partition count its producer hashes over
 DEFAULT_DELIVERY_TIMEOUT_S = 15 * 60.0  # how long a record may wait for the broker (an outage) before it fails
 
 
@@ -102,6 +103,8 @@ class TurnPublisher:
         self._pending_limit = pending_bytes
         self._producer = new_producer({"bootstrap_servers": bootstrap_servers}, **config)
         self._watch = BrokerWaitWatch(self._pending, topic, on_wait)
+        self.partitions: int | None = None  # what the producer hashes keys over, as last seen
+        self._partitions_checked = float("-inf")
         logger.info("publisher ready topic=%s compression=%s max_record_bytes=%d delivery_timeout_s=%.0f", topic,
                     config["compression_type"], max_record_bytes, config["delivery_timeout_ms"] / 1000)
 
@@ -163,7 +166,24 @@ class TurnPublisher:
             raise
         future.add_both(self._pending.settled, size)
         future.add_errback(self._on_failure)
+        self._watch_partitions()
         return future
+
+    def _watch_partitions(self) -> None:
+        """Say when the partition count the producer hashes keys over changes (rollout.turns raised mid-run):
+        checked on its cached metadata, at most every ``PARTITIONS_CHECK_S``, so it costs no request."""
+        now = time.monotonic()
+        if now - self._partitions_checked < PARTITIONS_CHECK_S:
+            return
+        self._partitions_checked = now
+        count = len(self._producer.partitions_for(self.topic) or ())  # the cache the partitioner reads (sent: known)
+        if not count:
+            return
+        if self.partitions is not None and count != self.partitions:
+            logger.warning("topic=%s now has %d partitions, %d when this generator started: new turns hash over %d "
+                           "(a turn of an episode in progress may land on another partition than its earlier turns; "
+                           "the stream workers re-route it)", self.topic, count, self.partitions, count)
+        self.partitions = count
 
     def _checked_key(self, sample: Sample, turn: int) -> bytes:
         rollout_key = get_rollout_key(sample, 0)

@@ -91,7 +91,7 @@ from rollout_bus.shard_writer.out_dir import announcement, manifest_place, writt
 from rollout_bus.shard_writer.recovery import announced_on, recover
 from rollout_bus.shard_writer.writer_lock import hold_writer_lock
 from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DlqKind
-from rollout_bus.errors import ContractError, DiskFullError
+from rollout_bus.errors import ContractError, DiskFullError, PartitionsChangedError
 from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
                                        new_producer, wait_for_partitions)
 from rollout_bus.kafka.limits import producer_config
@@ -248,6 +248,7 @@ class ShardWriter:
             self.stats.pending = self._batcher.pending_episodes
             if now - last_lag >= LAG_INTERVAL_S:
                 self.stats.lag, last_lag = self._lag(), now
+                self._check_partitions()
             self._on_progress(self.stats)
             if self._reached_max():
                 logger.info("wrote max_batches=%d: stopping", opts.max_batches)
@@ -268,6 +269,18 @@ class ShardWriter:
                            "the end offsets of rollout.episodes")
         return sum(max(0, end - self._retry(lambda: self._consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
                                             "the position on rollout.episodes")) for tp, end in ends.items())
+
+    def _check_partitions(self) -> None:
+        """rollout.episodes raised under the writer: its new partitions would never be read, so stop (the
+        caller exits 75 and a supervisor restarts the writer, which assigns them all; what it wrote and committed
+        stays, the new partitions are read from their start)."""
+        self._retry(self._consumer.topics, "the metadata of the cluster")  # always a fresh metadata request
+        now = len(self._consumer.partitions_for_topic(self.topics.episodes) or ())
+        assigned = len(self._consumer.assignment())
+        if now > assigned:
+            raise PartitionsChangedError(f"topic={self.topics.episodes} now has {now} partitions, this writer reads "
+                                         f"{assigned}: records on the new partitions would never be read; exiting "
+                                         f"to be restarted with the new count")
 
     def _caught_up(self) -> bool:
         self.stats.lag = self._lag()

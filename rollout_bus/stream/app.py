@@ -60,7 +60,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.errors import RecordTooLargeError as AioRecordTooLargeError
 
-from rollout_bus.errors import BrokerError, RecordTooLargeError
+from rollout_bus.errors import EXIT_PARTITIONS_CHANGED, BrokerError, RecordTooLargeError
 from rollout_bus.kafka.clients import faust_brokers, faust_credentials, new_aio_consumer
 from rollout_bus.kafka.reachability import diagnose
 from rollout_bus.kafka.limits import faust_config, topic_config
@@ -74,7 +74,6 @@ from rollout_bus.stream.state import ChangelogState
 logger = logging.getLogger(__name__)
 
 EXIT_AGENT_CRASH = 70
-EXIT_PARTITIONS_CHANGED = 75  # EX_TEMPFAIL: restart me (the state table is sized by rollout.turns at start)
 CATCH_UP_INTERVAL_S = 2.0
 DRAIN_INTERVAL_S = 0.05  # acknowledged finals get their finished marker within this, with no further record
 CATCH_UP_IDLE_S = 4.0

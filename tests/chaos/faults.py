@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
 from typing import Callable
@@ -20,7 +22,7 @@ from kafka import KafkaProducer
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.dev.local_broker import LocalBroker, port_is_free
 from rollout_bus.wire.headers import TurnHeaders
-from tests.chaos.harness import FaultContext, Observation
+from tests.chaos.harness import FaultContext, FaultNotInjected, Observation
 
 Fault = Callable[[FaultContext], None]
 CHAOS_ID = "chaos.id"  # header naming each injected malformed record, kept by its dead letter
@@ -115,6 +117,43 @@ def broker_down(seconds: float, how: str) -> Fault:
         ctx.lifted()
 
     return fault
+
+
+def packet_drop(seconds: float) -> Fault:
+    """Every packet to and from the single broker's port dropped (iptables DROP, not refused) mid-run for
+    ``seconds``, then let through again; needs root and iptables (the row fails, saying so, without them)."""
+
+    def fault(ctx: FaultContext) -> None:
+        iptables = shutil.which("iptables")
+        if iptables is None or subprocess.run([iptables, "-L", "INPUT", "-n"], capture_output=True).returncode:
+            raise FaultNotInjected("iptables is not usable here (needs root and netfilter)")
+        port = str(ctx.brokers.single.port)
+        rules = [["INPUT", "-p", "tcp", "--dport", port, "-j", "DROP"],
+                 ["INPUT", "-p", "tcp", "--sport", port, "-j", "DROP"]]
+        what = _mid_run(ctx)
+        added = []
+        try:
+            for rule in rules:
+                subprocess.run([iptables, "-I", *rule], check=True)
+                added.append(rule)
+            ctx.note(f"packets to and from port {port} dropped at {what} for {seconds:.0f}s")
+            ctx.sleep(seconds)
+        finally:
+            for rule in added:
+                subprocess.run([iptables, "-D", *rule], check=False)
+        ctx.lifted()
+
+    return fault
+
+
+def stage_log_says(stage: str, text: str) -> Callable:
+    """A scenario condition: ``stage``'s log holds ``text`` (what an operator must have been told)."""
+
+    def condition(run) -> bool:
+        path = run.stages[stage].log_path
+        return path.exists() and text in path.read_text(errors="replace")
+
+    return condition
 
 
 def cluster_leader_kill(down_s: float = 20.0) -> Fault:

@@ -81,6 +81,9 @@ FULL = [
              timeout_s=420),
     Scenario("cluster-rolling-restart", "3-node cluster: every node stopped and started in turn mid-run",
              STANDARD, faults.cluster_rolling_restart(), target="cluster", timeout_s=480),
+    Scenario("packet-drop-60s", "every packet to and from the broker's port dropped (iptables DROP) mid-run for "
+             "60 s; the stream worker must say it waits for the broker", STANDARD, faults.packet_drop(60),
+             timeout_s=480, condition=faults.stage_log_says("stream", "waiting for broker: no answer from")),
     _malformed(10_000, STANDARD, "malformed-10k"),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),

@@ -4,6 +4,8 @@ episodes on the new partitions too. Before, the worker read the count once and n
 
 from __future__ import annotations
 
+import subprocess
+import time
 import uuid
 
 import pytest
@@ -12,7 +14,8 @@ from kafka.admin import KafkaAdminClient
 from rollout_bus.config import GenerateSettings
 from rollout_bus.publish.publisher import TurnPublisher
 from rollout_bus.sim.generator import iter_turns
-from rollout_bus.stream.app import EXIT_PARTITIONS_CHANGED, changelog_topic
+from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
+from rollout_bus.stream.app import changelog_topic
 from rollout_bus.wire.headers import control_kind
 from tests.integration.test_stream_worker import Reader, Worker, _expected_episodes, _keys
 
@@ -63,3 +66,70 @@ def test_a_worker_exits_when_rollout_turns_gains_partitions_and_its_restart_read
     line = next(line for line in worker.log().splitlines() if "now has 6 partitions" in line)
     assert f"topic={topics.turns} now has 6 partitions, this worker started with 4" in line, line
     assert f"topic={changelog_topic(topics.group(app_id))} had 4 partitions, raised to 6" in restarted.log()
+
+
+def test_a_shard_writer_exits_when_rollout_episodes_gains_partitions_and_its_restart_reads_them_all(
+        kafka_bootstrap, client_kwargs, topics, tmp_path):
+    from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun
+    from tests.integration.test_shard_writer import GROUP_SIZE, REPO, make_episode, manifests, publish, writer_command
+
+    publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(2) for r in range(GROUP_SIZE)])
+    out, log_path = tmp_path / "shards", tmp_path / "writer.log"
+    group = f"grow-writer-{uuid.uuid4().hex[:6]}"
+    command = [c for c in writer_command(kafka_bootstrap, topics, out, group) if c != "--exit-on-end-of-run"]
+    with log_path.open("w") as log:
+        writer = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while "reading topic=" not in log_path.read_text():
+            assert writer.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            admin.create_partitions({topics.episodes: 6})
+        finally:
+            admin.close()
+        assert writer.wait(timeout=90) == EXIT_PARTITIONS_CHANGED, log_path.read_text()[-3000:]
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert f"topic={topics.episodes} now has 6 partitions, this writer reads 4" in log_path.read_text()
+    later = [make_episode(g, r) for g in range(2, 4) for r in range(GROUP_SIZE)]
+    publish(client_kwargs, topics.episodes, [(k, v, h, 4 + i % 2) for i, (k, v, h) in enumerate(later)])
+    marker = EndOfRun("run-1")
+    publish(client_kwargs, topics.episodes, [(END_OF_RUN_KEY, marker.forwarded(t, 2).value(), marker.headers(), p)
+                                             for t in range(2) for p in range(6)])
+    done = subprocess.run(writer_command(kafka_bootstrap, topics, out, group), cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sum(len(m["extra"]["episodes"]) for m in manifests(out)) == 4 * GROUP_SIZE  # the new partitions too
+
+
+def test_a_generator_says_when_the_partition_count_it_hashes_over_changes(kafka_bootstrap, topics, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="rollout_bus.publish.publisher")
+    turns = list(iter_turns(GenerateSettings(episodes=2, seed=3, vocab_size=4096, max_response_len=32)))
+    publisher = TurnPublisher(kafka_bootstrap, topic=topics.turns, metadata_max_age_ms=500)  # refreshes fast here
+    try:
+        publisher.publish_turn(turns[0][0], **turns[0][1])
+        publisher.flush()
+        assert publisher.partitions == 4
+        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        try:
+            admin.create_partitions({topics.turns: 6})
+        finally:
+            admin.close()
+        deadline = time.monotonic() + 30
+        while publisher.partitions == 4 and time.monotonic() < deadline:
+            publisher._partitions_checked = float("-inf")  # the next send looks again (every 10 s otherwise)
+            publisher.publish_turn(turns[0][0], **turns[0][1])
+            publisher.flush()
+            time.sleep(0.5)
+    finally:
+        publisher.close()
+    assert publisher.partitions == 6
+    said = [r.getMessage() for r in caplog.records if "partitions, 4 when this generator started" in r.getMessage()]
+    assert said == [f"topic={topics.turns} now has 6 partitions, 4 when this generator started: new turns hash over 6 "
+                    "(a turn of an episode in progress may land on another partition than its earlier turns; the "
+                    "stream workers re-route it)"]

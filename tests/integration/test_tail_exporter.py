@@ -98,7 +98,8 @@ def test_tail_once_json_merges_window_partials_and_counts_batches_dead_letters_a
     stream_group, shards_group = topics.group(STREAM_GROUP), topics.group(SHARDS_GROUP)  # scoped by the prefix
     assert lag[(stream_group, topics.turns, 0)]["lag"] == 3 and lag[(stream_group, topics.turns, 0)]["end"] == 10
     assert lag[(shards_group, topics.episodes, 0)] == {"group": shards_group, "topic": topics.episodes,
-                                                       "partition": 0, "committed": None, "end": 0, "lag": 0}
+                                                       "partition": 0, "committed": None, "end": 0, "lag": 0,
+                                                       "log_start": 0, "lost": 0, "near_log_start": False}
     assert snapshot["trainer"]["weight_version"] == 2 and snapshot["trainer"]["step"] == 1
     assert snapshot["staleness"] == [{"adapter": "math", "mean": 1.5, "max": 2.0, "oldest": None}]
 
