@@ -17,11 +17,12 @@ import time
 from collections import Counter
 from typing import Callable
 
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewPartitions
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.dev.local_broker import LocalBroker, port_is_free
-from rollout_bus.wire.headers import TurnHeaders
+from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
 from tests.chaos.harness import FaultContext, FaultNotInjected, Observation
 
 Fault = Callable[[FaultContext], None]
@@ -146,16 +147,6 @@ def packet_drop(seconds: float) -> Fault:
     return fault
 
 
-def stage_log_says(stage: str, text: str) -> Callable:
-    """A scenario condition: ``stage``'s log holds ``text`` (what an operator must have been told)."""
-
-    def condition(run) -> bool:
-        path = run.stages[stage].log_path
-        return path.exists() and text in path.read_text(errors="replace")
-
-    return condition
-
-
 def cluster_leader_kill(down_s: float = 20.0) -> Fault:
     """kill -9 the node leading rollout.turns partition 0 mid-run; recovery is measured from the
     kill (the cluster must fail over without it); the node is started again ``down_s`` later."""
@@ -248,3 +239,150 @@ def injected_ids(letters: list[DeadLetter]) -> Counter:
 def all_injected_dead_lettered(count: int) -> Callable:
     """The scenario's extra condition: every injected record has reached the DLQ."""
     return lambda run: len(injected_ids(run.dead_letters())) >= count
+
+
+def _records_below(bootstrap: str, topic: str, ends: dict[int, int]) -> list:
+    """Every record of ``topic`` below ``ends`` (per partition), read by a group-less consumer."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+    try:
+        tps = [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out, deadline = [], time.monotonic() + 60
+        while any(consumer.position(tp) < ends[tp.partition] for tp in tps) and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                out += [r for r in records if r.offset < ends[tp.partition]]
+        return out
+    finally:
+        consumer.close()
+
+
+def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def expire_turns(stopped_s: float = 5.0) -> Fault:
+    """What retention does under a stalled stream worker, without waiting for a clock: the worker is
+    SIGSTOPped mid-run, turns keep arriving unread for ``stopped_s``, then every record of rollout.turns
+    up to its end is deleted (Kafka's DeleteRecords moves the log start, as an expired segment does),
+    and the worker resumes. The end-of-run markers are never deleted (the run must still end), so the
+    fault gives up if the generator has finished by then. The deleted count and the rollout keys the
+    deleted records held go to the context: the row passes only if every lost episode is among them
+    and the stages named the loss."""
+
+    def fault(ctx: FaultContext) -> None:
+        run = ctx.run
+        what = _mid_run(ctx)
+        run.signal_stage("stream", signal.SIGSTOP)
+        try:
+            ctx.sleep(stopped_s)
+            ends = _end_offsets(run.bootstrap, run.topics.turns)
+            records = _records_below(run.bootstrap, run.topics.turns, ends)
+            if run.generator_done() or any(control_kind(r.headers) == CONTROL_END_OF_RUN for r in records):
+                raise FaultNotInjected("the generator finished before the records could be deleted")
+            admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
+            try:
+                admin.delete_records({TopicPartition(run.topics.turns, p): end for p, end in ends.items() if end})
+            finally:
+                admin.close()
+            ctx.deleted = sum(ends.values())
+            ctx.deleted_keys = {r.key.decode(errors="replace") for r in records if r.key}
+            ctx.note(f"stream stopped at {what}; {ctx.deleted} records of rollout.turns deleted "
+                     f"({len(ctx.deleted_keys)} episodes) {stopped_s:.0f}s later")
+        finally:
+            run.signal_stage("stream", signal.SIGCONT)
+        ctx.lifted()
+
+    return fault
+
+
+def add_partitions(turns: int, episodes: int) -> Fault:
+    """rollout.turns and rollout.episodes raised to ``turns`` and ``episodes`` partitions mid-run, then the
+    generator killed and started again (it now hashes over the new count), as the operator did who
+    found the loss: the stream worker and the writer must follow (they exit 75 and are started again)."""
+
+    def fault(ctx: FaultContext) -> None:
+        run = ctx.run
+        what = _mid_run(ctx)
+        admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)
+        try:
+            admin.create_partitions({run.topics.turns: NewPartitions(total_count=turns),
+                                     run.topics.episodes: NewPartitions(total_count=episodes)})
+        finally:
+            admin.close()
+        ctx.sleep(2.0)
+        run.kill_stage("generate")
+        ctx.lifted()
+        ctx.note(f"turns -> {turns}, episodes -> {episodes} partitions at {what}; generator restarted")
+
+    return fault
+
+
+def stage_log_says(stage: str, text: str) -> Callable:
+    """A scenario condition: ``stage``'s log holds ``text`` (what an operator must have been told)."""
+
+    def condition(run) -> bool:
+        path = run.stages[stage].log_path
+        return path.exists() and text in path.read_text(errors="replace")
+
+    return condition
+
+
+BALLOON = ".chaos-balloon"  # the file that fills the shard writer's disk
+
+
+def small_disk(size_mb: int) -> tuple[Callable, Callable]:
+    """A scenario's (setup, teardown): the run's shards directory on a tmpfs of its own, ``size_mb`` big
+    (needs root: mount), and, after the run, its files copied back onto the ordinary disk and the tmpfs
+    unmounted."""
+
+    def setup(run) -> None:
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            raise FaultNotInjected("mounting a small tmpfs needs root")
+        run.shards_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "chaos-disk", str(run.shards_dir)],
+                       check=True)
+
+    def teardown(run) -> None:
+        if not os.path.ismount(run.shards_dir):
+            return
+        (run.shards_dir / BALLOON).unlink(missing_ok=True)
+        saved = run.shards_dir.with_name("shards.saved")
+        shutil.copytree(run.shards_dir, saved)
+        subprocess.run(["umount", str(run.shards_dir)], check=True)
+        run.shards_dir.rmdir()
+        saved.rename(run.shards_dir)
+
+    return setup, teardown
+
+
+def fill_disk(seconds: float) -> Fault:
+    """The shard writer's disk filled mid-run (a file takes every free byte) for ``seconds``, then freed;
+    the writer must wait, saying so, and write the same shards."""
+
+    def fault(ctx: FaultContext) -> None:
+        run = ctx.run
+        want = max(1, ctx.expected.batches // 3)
+        ctx.wait_for(f"{want} batches written", lambda o: o.batches >= want)
+        balloon = run.shards_dir / BALLOON
+        try:
+            with open(balloon, "wb") as f:
+                chunk = b"\0" * (1 << 20)
+                try:
+                    while True:
+                        f.write(chunk)
+                        f.flush()
+                except OSError:
+                    pass
+            ctx.note(f"disk filled at {want} batches written for {seconds:.0f}s")
+            ctx.sleep(seconds)
+        finally:
+            balloon.unlink(missing_ok=True)
+        ctx.lifted()
+
+    return fault

@@ -19,6 +19,11 @@ Contract:
 * The fault runs in its own thread with a ``FaultContext``: it waits on observations, kills, pauses
   and restarts stages through the run (under the run's lock, so a stage it killed is never taken for
   a crash), and marks when each fault is lifted: recovery is measured from there.
+* A workload of several generators runs one ``generate`` stage per generator (``generate``,
+  ``generate-2``, ...), each with its share of the group indices and ``--no-end-of-run``; once all
+  have exited 0 the run closes it with ``rollout-bus end-run``, as an operator would.
+* A stream worker or shard writer that exits ``EXIT_PARTITIONS_CHANGED`` (75: a topic gained partitions
+  under it) is started again, as a supervisor restarts it (compose: ``restart: unless-stopped``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.tools.accounting import Reconciliation, reconcile
@@ -62,10 +70,17 @@ class Workload:
     dp_size: int = 2
     seed: int = 11
     generator_args: tuple[str, ...] = ()
+    generators: int = 1  # generator processes sharing the run, each its own share of the group indices
 
-    def generator_flags(self) -> list[str]:
+    def generator_flags(self, index: int = 0) -> list[str]:
+        share = (["--generators", str(self.generators), "--generator-index", str(index), "--no-end-of-run"]
+                 if self.generators > 1 else [])
         return ["--episodes", str(self.episodes), "--seed", str(self.seed),
-                "--n-samples-per-prompt", str(self.n_samples_per_prompt), *self.generator_args]
+                "--n-samples-per-prompt", str(self.n_samples_per_prompt), *self.generator_args, *share]
+
+    def generator_stages(self) -> list[str]:
+        """The generator stages' names: ``generate``, then ``generate-2``, ``generate-3``, ..."""
+        return ["generate", *(f"generate-{i + 1}" for i in range(1, self.generators))]
 
 
 @dataclass(frozen=True)
@@ -112,7 +127,7 @@ class ChaosRun:
         self.bootstrap, self.workload, self.out = bootstrap, workload, Path(out)
         self.run_id = f"{label}-{uuid.uuid4().hex[:6]}"
         self.topics = Topics(prefix=f"chaos-{self.run_id}.")
-        self.summary_path = self.out / "generator-summary.json"
+        self.summary_path = self.out / "generator-summary.json"  # the first generator's; see summary_paths
         self.shards_dir = self.out / "shards"
         self.replication_factor = replication_factor
         self.stage_env = {"PYTHONUNBUFFERED": "1", **(stage_env or {})}
@@ -123,6 +138,8 @@ class ChaosRun:
         self.settled_badly = False  # every episode placed, but not cleanly (see the module docstring)
         self.failure: str | None = None
         self.watcher: TopicWatcher | None = None
+        self.closed_run = workload.generators == 1  # several generators: end-run once all exited 0
+        self.restarts: list[str] = []  # stages started again after exiting 75
 
     def _stage_args(self, name: str) -> list[str]:
         w, common = self.workload, ["--bootstrap-servers", self.bootstrap, "--topic-prefix", self.topics.prefix]
@@ -135,7 +152,14 @@ class ChaosRun:
                     str(w.groups_per_batch), "--group-id", f"chaos-{self.run_id}-shards"]
         # one run id for every generator process of the run: a restarted generator closes the same run,
         # completing any end-of-run markers a killed one left half sent (the writer holds those uncommitted)
-        return [*common, *w.generator_flags(), "--run-id", self.run_id, "--summary-out", str(self.summary_path)]
+        index = w.generator_stages().index(name)
+        return [*common, *w.generator_flags(index), "--run-id", self.run_id, "--summary-out",
+                str(self.summary_paths()[index])]
+
+    def summary_paths(self) -> list[Path]:
+        """One summary per generator stage: ``generator-summary.json``, then ``generator-summary-2.json``, ..."""
+        return [self.summary_path, *(self.out / f"generator-summary-{i + 1}.json"
+                                     for i in range(1, self.workload.generators))]
 
     def start(self) -> None:
         """Create the topics (with the cluster's replication), the watcher, then every stage."""
@@ -144,11 +168,16 @@ class ChaosRun:
         ensure_topics(kwargs, self.topics, replication_factor=self.replication_factor)
         t = self.topics
         self.watcher = TopicWatcher({**kwargs, **WATCH_CLIENT}, [t.turns, t.episodes], [t.dlq])
-        for name in STAGE_ORDER:
+        for name in self.stage_order():
             self._launch(name)
 
+    def stage_order(self) -> list[str]:
+        """Consumers first, so nothing waits on a late subscriber; then every generator."""
+        return [*STAGE_ORDER[:-1], *self.workload.generator_stages()]
+
     def _launch(self, name: str) -> None:
-        self.stages[name] = StageProcess(name, name, self._stage_args(name), self.out / "logs" / f"{name}.log",
+        module = "generate" if name.startswith("generate") else name
+        self.stages[name] = StageProcess(name, module, self._stage_args(name), self.out / "logs" / f"{name}.log",
                                          env=self.stage_env)
 
     # -- faults on stages (called from the fault thread) -------------------------------------------
@@ -206,21 +235,44 @@ class ChaosRun:
         return self.watcher.dead_letters(self.topics.dlq)
 
     def sent(self) -> list[tuple[str, int]] | None:
-        """(rollout key, attempt) of every episode the generator finished, from its summary."""
+        """(rollout key, attempt) of every episode the generators finished, from their summaries."""
         try:
-            return [(k, int(a)) for k, a in json.loads(self.summary_path.read_text())["episodes"]]
+            return [(k, int(a)) for path in self.summary_paths() for k, a in json.loads(path.read_text())["episodes"]]
         except (OSError, ValueError, KeyError):
             return None
 
     def generator_done(self) -> bool:
+        """Every generator exited 0 with its summary written, and the run is closed."""
         with self.lock:
-            return self.stages["generate"].poll() == 0 and self.summary_path.exists()
+            names = self.workload.generator_stages()
+            done = all(self.stages[n].poll() == 0 for n in names) and all(p.exists() for p in self.summary_paths())
+            if done and not self.closed_run:
+                self._end_run()
+            return done and self.closed_run
+
+    def _end_run(self) -> None:
+        """Close a run of several generators (each ran with --no-end-of-run), as an operator would."""
+        command = [sys.executable, "-m", "rollout_bus.cli.end_run", "--bootstrap-servers", self.bootstrap,
+                   "--topic-prefix", self.topics.prefix, "--run-id", self.run_id]
+        with open(self.out / "logs" / "end-run.log", "ab") as log:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.stage_env},
+                                  timeout=120).returncode
+        if code:
+            raise RuntimeError(f"rollout-bus end-run exited {code} (logs/end-run.log)")
+        self.closed_run = True
 
     def failed_stage(self) -> str | None:
+        """A stage that exited on its own (a generator with 0 has finished; 75 is restarted, see the docstring)."""
         with self.lock:
             for name, stage in self.stages.items():
                 code = stage.poll()
-                if code is not None and not (name == "generate" and code == 0):
+                if code == EXIT_PARTITIONS_CHANGED and name in ("stream", "shards"):
+                    stage.stop()
+                    self._launch(name)
+                    self.restarts.append(name)
+                    logger.info("run=%s stage=%s exited %d (partitions changed): started again", self.run_id, name,
+                                code)
+                elif code is not None and not (name.startswith("generate") and code == 0):
                     return f"stage {name} exited with code {code}"
         return None
 
@@ -241,11 +293,12 @@ class ChaosRun:
                 result = reconcile(self.sent() or [], self.shards_dir, self.dead_letters(), verify=False)
                 if result.ok:
                     self.reconciled_at = obs.t
-                self.settled_badly = result.settled and not result.ok
+                # records deleted unread leave their episodes in no batch: with the loss named, nothing more comes
+                self.settled_badly = (result.settled or bool(result.lost)) and not result.ok
             fault_done = thread is None or not thread.is_alive()
             if self.reconciled_at is not None and fault_done and condition(self):
                 break
-            if self.settled_badly and fault_done and self.quiet_for() >= SETTLED_QUIET_S:
+            if self.settled_badly and fault_done and condition(self) and self.quiet_for() >= SETTLED_QUIET_S:
                 logger.info("run=%s settled, not cleanly, and quiet for %.0fs: judging it now", self.run_id,
                             SETTLED_QUIET_S)
                 break
@@ -262,7 +315,7 @@ class ChaosRun:
     def stop(self, settle_s: float = 2.0) -> None:
         """Stop every stage (resumed first, in case a pause was cut short), then read the last dead letters."""
         with self.lock:
-            for name in reversed(STAGE_ORDER):
+            for name in reversed(self.stage_order()):
                 if name in self.stages:
                     self.signal_stage(name, signal.SIGCONT)
                     self.stages[name].stop()
@@ -299,6 +352,8 @@ class FaultContext:
         self.lifts: list[float] = []
         self.notes: list[str] = []
         self.error: str | None = None
+        self.deleted = 0  # records a fault deleted from the log (named-loss scenarios)
+        self.deleted_keys: set[str] = set()  # the rollout keys those records held
 
     def run_fault(self, fault: Callable[["FaultContext"], None]) -> None:
         try:
@@ -392,3 +447,5 @@ class RunFacts:
     notes: list[str]
     elapsed_s: float
     logs: dict[str, str] = field(default_factory=dict)
+    deleted: int = 0  # records the fault deleted from the log, and the rollout keys they held
+    deleted_keys: set[str] = field(default_factory=set)

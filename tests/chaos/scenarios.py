@@ -21,6 +21,8 @@ SMALL = Workload("small", episodes=64)
 LONG = Workload("long-128k", episodes=4, n_samples_per_prompt=2, seed=25, generator_args=(
     "--max-turns", "4", "--min-response-len", "32000", "--max-response-len", "32000"))
 LONG_EPISODE_TOKENS = 4 * 32000
+# two generators sharing one run, each with both adapters: each makes its share of the group indices
+TWO_GENERATORS = Workload("two-generators", episodes=192, generators=2, generator_args=("--adapters", "math,code"))
 
 # Recovery: the faulted stage's own output grows again (turns sent, episodes merged, batches written);
 # for a broker, cluster or record fault, the pipeline's end product: the next batch on disk.
@@ -47,6 +49,9 @@ class Scenario:
     injected: int = 0  # malformed records that must each be dead-lettered exactly once
     compare: bool = True  # shards compared with the workload's undisturbed run
     longest_episode: int = 0  # response tokens the longest episode in the shards must reach
+    named_loss: bool = False  # the fault deletes records: every loss must be named (runner._named_loss_problems)
+    setup: Callable[[ChaosRun], None] | None = None  # before the stages start (e.g. mount a small disk)
+    teardown: Callable[[ChaosRun], None] | None = None  # after the facts are read
 
 
 def _kills(stage: str, times: int, workload: Workload, name: str) -> Scenario:
@@ -85,6 +90,20 @@ FULL = [
              "60 s; the stream worker must say it waits for the broker", STANDARD, faults.packet_drop(60),
              timeout_s=480, condition=faults.stage_log_says("stream", "waiting for broker: no answer from")),
     _malformed(10_000, STANDARD, "malformed-10k"),
+    Scenario("retention-expired", "the stream worker stopped mid-run and rollout.turns deleted under it up to its "
+             "end (DeleteRecords, as retention does); every lost episode must be named", STANDARD,
+             faults.expire_turns(), compare=False, named_loss=True, progress=EPISODES,
+             condition=faults.stage_log_says("shards", "end of run run=")),
+    Scenario("partitions-added", "rollout.turns 4 -> 8 and rollout.episodes 4 -> 6 partitions mid-run, then the "
+             "generator restarted; the stream worker and the writer exit 75 and are started again", STANDARD,
+             faults.add_partitions(8, 6), timeout_s=420),
+    Scenario("two-generators-kill", "two generators with adapters math and code share one run (groups split "
+             "between them); kill -9 of the first once", TWO_GENERATORS, faults.kill_stage("generate", 1),
+             progress=TURNS),
+    Scenario("disk-full-30s", "the shard writer's disk (a 256 MB tmpfs) filled mid-run for 30 s, then freed; "
+             "the writer must wait, saying so", STANDARD, faults.fill_disk(30), timeout_s=420,
+             condition=faults.stage_log_says("shards", "waiting for disk space"),
+             setup=faults.small_disk(256)[0], teardown=faults.small_disk(256)[1]),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.wire.dead_letter import DeadLetter, DlqKind
 from rollout_bus.tools.accounting import Reconciliation
 from rollout_bus.stream.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from tests.chaos.faults import CHAOS_ID, malformed_records
@@ -75,6 +75,26 @@ def test_injected_records_must_each_be_dead_lettered_exactly_once_with_a_reason(
     for letters in (every[:-1], every + [_letter(7)], every[:-1] + [_letter(999, reason="")]):
         row = judge("m", scenario, _facts(_ok(), letters=letters), EXPECTED, tmp_path)
         assert not row.passed and "injected records" in row.detail
+
+
+def test_a_named_loss_passes_only_when_every_lost_episode_held_a_deleted_record_and_a_stage_said_so(tmp_path):
+    scenario = BY_NAME["retention-expired"]
+    lost = DeadLetter(None, None, [], "deleted", "stream", DlqKind.LOST, "t:0:5", lost=3)
+    gap = DeadLetter(b"k2", b"v", [], "gap", "stream", DlqKind.GAP, "t:1:9")
+    rec = Reconciliation(sent=4, in_shards=2, missing=["k1"], valid_in_dlq_only={"k2": ["gap"]},
+                         lost=["stream: t:0 offsets 5..7 (3 records deleted before they were read)"])
+
+    def row(rec, letters=(lost, gap), deleted=10, keys=frozenset({"k1", "k2"})):
+        facts = _facts(rec, letters=letters)
+        facts.deleted, facts.deleted_keys = deleted, set(keys)
+        return judge("r", scenario, facts, EXPECTED, tmp_path)
+
+    assert row(rec).passed, row(rec).problems
+    assert "episodes lost that no deleted record held" in row(rec, keys={"k1"}).detail
+    assert not row(Reconciliation(sent=4, in_shards=3, missing=["k1"]), letters=()).passed  # nobody said it
+    assert "more than the 2 deleted" in row(rec, deleted=2).detail
+    assert not row(Reconciliation(sent=4, in_shards=3, lost=rec.lost, duplicated={"k3": [0, 1]})).passed
+    assert not row(rec, letters=(lost, gap, DeadLetter(b"k9", b"v", [], "?", "stream", "decode", "t:0:1"))).passed
 
 
 def test_every_malformed_shape_is_rejected_by_the_stream_stage_parser():
