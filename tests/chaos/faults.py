@@ -24,6 +24,7 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.dev.local_broker import LocalBroker, port_is_free
 from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
 from tests.chaos.harness import FaultContext, FaultNotInjected, Observation
+from tests.topic_offsets import end_offsets
 
 Fault = Callable[[FaultContext], None]
 CHAOS_ID = "chaos.id"  # header naming each injected malformed record, kept by its dead letter
@@ -257,15 +258,6 @@ def _records_below(bootstrap: str, topic: str, ends: dict[int, int]) -> list:
         consumer.close()
 
 
-def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
-    finally:
-        consumer.close()
-
-
 def expire_turns(stopped_s: float = 5.0) -> Fault:
     """What retention does under a stalled stream worker, without waiting for a clock: the worker is
     SIGSTOPped mid-run, turns keep arriving unread for ``stopped_s``, then every record of rollout.turns
@@ -281,7 +273,7 @@ def expire_turns(stopped_s: float = 5.0) -> Fault:
         run.signal_stage("stream", signal.SIGSTOP)
         try:
             ctx.sleep(stopped_s)
-            ends = _end_offsets(run.bootstrap, run.topics.turns)
+            ends = end_offsets(run.bootstrap, run.topics.turns)
             records = _records_below(run.bootstrap, run.topics.turns, ends)
             if run.generator_done() or any(control_kind(r.headers) == CONTROL_END_OF_RUN for r in records):
                 raise FaultNotInjected("the generator finished before the records could be deleted")

@@ -133,6 +133,7 @@ class ChaosRun:
         self.stage_env = {"PYTHONUNBUFFERED": "1", **(stage_env or {})}
         self.stages: dict[str, StageProcess] = {}
         self.lock = threading.RLock()
+        self.end_run_lock = threading.Lock()  # end-run runs once, without holding ``lock`` (it takes seconds)
         self.history: list[Observation] = []
         self.reconciled_at: float | None = None
         self.settled_badly = False  # every episode placed, but not cleanly (see the module docstring)
@@ -246,9 +247,11 @@ class ChaosRun:
         with self.lock:
             names = self.workload.generator_stages()
             done = all(self.stages[n].poll() == 0 for n in names) and all(p.exists() for p in self.summary_paths())
-            if done and not self.closed_run:
-                self._end_run()
-            return done and self.closed_run
+        if done:
+            with self.end_run_lock:
+                if not self.closed_run:
+                    self._end_run()
+        return done and self.closed_run
 
     def _end_run(self) -> None:
         """Close a run of several generators (each ran with --no-end-of-run), as an operator would."""

@@ -70,6 +70,9 @@ def _malformed(count: int, workload: Workload, name: str) -> Scenario:
                     injected=count)
 
 
+# the shard writer's --out on a 256 MB tmpfs of its own (mounted before the run, copied back after it)
+SMALL_DISK_SETUP, SMALL_DISK_TEARDOWN = faults.small_disk(256)
+
 FULL = [
     _kills("generate", 3, STANDARD, "kill-generator-x3"),
     _kills("stream", 3, STANDARD, "kill-stream-x3"),
@@ -103,7 +106,7 @@ FULL = [
     Scenario("disk-full-30s", "the shard writer's disk (a 256 MB tmpfs) filled mid-run for 30 s, then freed; "
              "the writer must wait, saying so", STANDARD, faults.fill_disk(30), timeout_s=420,
              condition=faults.stage_log_says("shards", "waiting for disk space"),
-             setup=faults.small_disk(256)[0], teardown=faults.small_disk(256)[1]),
+             setup=SMALL_DISK_SETUP, teardown=SMALL_DISK_TEARDOWN),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
 ]

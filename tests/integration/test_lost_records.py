@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from rollout_bus.wire.dead_letter import DeadLetter
@@ -21,17 +21,9 @@ from tests.integration.test_shard_writer import (GROUP_SIZE, end_of_run, make_ep
                                                  run_writer)
 from tests.integration.test_stream_worker import Reader, Worker, _expected_episodes, _generated, _publish
 from tests.integration.test_stream_worker import _keys as _all_keys
+from tests.topic_offsets import end_offsets
 
 pytestmark = pytest.mark.kafka
-
-
-def _ends(kafka_bootstrap, topic) -> dict[int, int]:
-    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
-    finally:
-        consumer.close()
 
 
 def _delete_below(kafka_bootstrap, topic, partition, offset) -> None:
@@ -61,7 +53,7 @@ def test_turns_deleted_before_a_fresh_worker_read_them_are_reported_lost_and_the
         kafka_bootstrap, topics, tmp_path):
     turns = _generated(8, seed=11)
     _publish(kafka_bootstrap, topics, turns)
-    partition = max(_ends(kafka_bootstrap, topics.turns).items(), key=lambda kv: kv[1])[0]
+    partition = max(end_offsets(kafka_bootstrap, topics.turns).items(), key=lambda kv: kv[1])[0]
     gone = 3
     touched = _keys_at(kafka_bootstrap, topics.turns, partition, gone)
     _delete_below(kafka_bootstrap, topics.turns, partition, gone)
@@ -93,13 +85,13 @@ def test_turns_that_expire_under_a_stopped_worker_are_reported_lost_once_and_nev
         episodes.until(lambda rs: _keys(rs) >= set(_expected_episodes(first)))
     finally:
         assert worker.stop() == 0
-    before = _ends(kafka_bootstrap, topics.turns)
+    before = end_offsets(kafka_bootstrap, topics.turns)
     later = _generated(4, seed=13)
     for sample, _ in later:  # other rollout ids: new episodes
         sample.rollout_id += 100
         sample.index += 100
     _publish(kafka_bootstrap, topics, later)
-    after = _ends(kafka_bootstrap, topics.turns)
+    after = end_offsets(kafka_bootstrap, topics.turns)
     for partition, end in after.items():  # everything the stopped worker had not read expires
         _delete_below(kafka_bootstrap, topics.turns, partition, end)
     restarted = Worker(kafka_bootstrap, topics, app_id, tmp_path, name="second")
@@ -122,7 +114,7 @@ def test_turns_that_expire_under_a_stopped_worker_are_reported_lost_once_and_nev
 def test_episodes_deleted_before_a_fresh_writer_read_them_are_reported_lost_and_the_run_still_ends(
         kafka_bootstrap, client_kwargs, topics, tmp_path):
     publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(4) for r in range(GROUP_SIZE)])
-    ends = _ends(kafka_bootstrap, topics.episodes)
+    ends = end_offsets(kafka_bootstrap, topics.episodes)
     partition = max(ends, key=ends.get)
     _delete_below(kafka_bootstrap, topics.episodes, partition, 2)
     publish(client_kwargs, topics.episodes, end_of_run(topics))
