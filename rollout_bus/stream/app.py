@@ -62,6 +62,7 @@ from aiokafka.errors import RecordTooLargeError as AioRecordTooLargeError
 
 from rollout_bus.errors import EXIT_PARTITIONS_CHANGED, BrokerError, RecordTooLargeError
 from rollout_bus.kafka.clients import faust_brokers, faust_credentials, new_aio_consumer
+from rollout_bus.kafka.faust_consumer import ChangelogKeepingTransport
 from rollout_bus.kafka.reachability import diagnose
 from rollout_bus.kafka.limits import faust_config, topic_config
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
@@ -88,6 +89,14 @@ TAKE_WITHIN_S = 0.01  # the most a record waits for its batch to fill
 STREAM_BUFFER_RECORDS = 2 * TAKE_MAX_RECORDS
 TABLE_NAME = "state"
 _RAW = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+class _App(faust.App):
+    """``faust.App`` whose consumer never loses a changelog record it fetched during a rebalance
+    (``rollout_bus.kafka.faust_consumer``: without it a worker's table recovery could wait forever)."""
+
+    def _new_transport(self) -> Any:
+        return ChangelogKeepingTransport(self.conf.broker_consumer, self)
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,7 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
               on_partitions_changed: Callable[[str, int, int], None] = exit_on_partition_change) -> StreamApp:
     """The stream worker's app; ``turns_partitions`` and ``episodes_partitions`` must be the partition
     counts of rollout.turns and rollout.episodes."""
-    app = faust.App(
+    app = _App(
         app_id, broker=faust_brokers(client_kwargs), broker_credentials=faust_credentials(client_kwargs),
         store="memory://", datadir=data_dir or None, processing_guarantee="at_least_once",
         topic_partitions=turns_partitions, topic_replication_factor=replication_factor,
