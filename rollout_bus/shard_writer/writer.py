@@ -31,7 +31,10 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
   modes: ``out_dir.batch_metrics``). Then the batch metrics record goes to
   rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
   key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
-  first offset of a record not yet in a written, dead-lettered or skipped batch (or flush).
+  first offset of a record not yet in a written, dead-lettered or skipped batch (or flush). The
+  batches due at one turn of the loop are said together (``_write_all``): their files first, then
+  every metrics record in one confirmed round trip, every announcement or skip in seq order in a
+  second, one commit: three round trips per turn of the loop, not three per batch.
 * A seq that will never be written (an empty or a dead-lettered batch) is said so on
   rollout.shards (``records.BatchSkipped``, key the seq), and once a run's last batch is written a
   ``records.BatchesEnded`` (every seq below its ``next_seq`` announced or skipped) follows, so a
@@ -76,6 +79,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -116,6 +120,15 @@ MAX_BLOCK_MS = 10_000
 CLOSE_TIMEOUT_S = 10.0
 LAG_INTERVAL_S = 5.0
 LOOKUP_CACHE = 16
+
+
+@dataclass(frozen=True)
+class _Said:
+    """What rollout.metrics and rollout.shards are told of one decided batch: written (seq, manifest, its
+    directory), or skipped (a seq that will never be written)."""
+
+    written: tuple[int, dict[str, Any], Path] | None = None
+    skipped: BatchSkipped | None = None
 
 
 class ShardWriter:
@@ -351,43 +364,45 @@ class ShardWriter:
     # ------------------------------------------------------------------ batches
 
     def _write_all(self, batches: list[Batch]) -> None:
-        """Write in order; past ``max_batches`` the rest stay uncommitted for the next run."""
+        """Write in order, then say so for all of them in two round trips: every batch's metrics record,
+        confirmed; then every announcement (or skip) in seq order, confirmed; then one commit. Past
+        ``max_batches`` the rest stay uncommitted for the next run."""
+        said: list[_Said] = []
         for batch in batches:
             if self._reached_max():
-                return
-            self._write(batch)
-            self._checkpoint()
+                break
+            said.append(self._write(batch))
+        self._say(said)
+        self._checkpoint()
 
     def _reached_max(self) -> bool:
         return self.options.max_batches is not None and self.stats.batches_written >= self.options.max_batches
 
-    def _write(self, batch: Batch) -> None:
+    def _write(self, batch: Batch) -> _Said:
         """Decide one batch (``rollout_bus.shard_writer.decide``): dead letters first, then skip it or write
-        and announce it."""
+        its files; what rollout.metrics and rollout.shards are to be told of it is returned (``_say``)."""
         decision = decide(batch, dp_size=self.options.dp_size, normalization=self.options.normalization,
                           batching=self.options.batching, max_staleness=self._max_staleness)
         batch = decision.batch
         self._send_dead_letters(decision)
         if decision.verdict is Verdict.DEAD_LETTER:
-            self._skipped(BatchSkipped(batch.seq, decision.verdict.value, decision.why[:MAX_REASON_CHARS]))
             self._batcher.done(batch)
             self.stats.batches_dead_lettered += 1
-            return
+            return _Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why[:MAX_REASON_CHARS]))
         if decision.verdict is Verdict.EMPTY:
             logger.info("batch=%d not written: every episode of it was %s (abandoned=%d, stale=%d, groups=%d)",
                         batch.seq, decision.emptied_by, len(batch.abandoned), len(batch.stale), len(batch.groups))
-            self._skipped(BatchSkipped(batch.seq, decision.verdict.value, decision.why))
             self._batcher.done(batch)
             self.stats.batches_skipped += 1
-            return
+            return _Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why))
         directory = batch_path(self.options.out_dir, batch.seq)
         manifest = wait_for_disk(lambda: self._write_files(decision), f"batch {batch.seq} -> {directory}",
                                  should_stop=lambda: self._stop)
-        self._announce(batch.seq, manifest, directory)
-        self._batcher.done(batch)
+        self._batcher.done(batch)  # committed only after _say has confirmed what it sends of the batch
         self.stats.batches_written += 1
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
+        return _Said(written=(batch.seq, manifest, directory))
 
     def _write_files(self, decision: Decision) -> dict[str, Any]:
         try:
@@ -403,21 +418,29 @@ class ShardWriter:
             self._letters.send(e.key.encode(), e.value, e.headers, e.partition, e.offset, letter.reason, letter.kind)
         self.stats.stale += len(decision.batch.stale)
 
-    def _skipped(self, skipped: BatchSkipped) -> None:
-        """Tell rollout.shards' readers this seq will never come (confirmed, like an announcement)."""
-        self._outbox.send(Outgoing(self.topics.shards, skipped.key(), skipped.value(), skipped.headers(),
-                                   f"batch {skipped.seq} skipped"))
-        self._outbox.confirm()
-
     def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
-        """Batch metrics, then the manifest, each confirmed: a manifest on rollout.shards implies both."""
-        key = str(seq).encode()
-        metrics_value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
+        """One batch found on disk but never announced (start-up recovery): said as ``_write_all`` says it."""
+        self._say([_Said(written=(seq, manifest, directory))])
+
+    def _say(self, said: list[_Said]) -> None:
+        """Every written batch's metrics record, confirmed; then, in seq order, each batch's announcement or
+        skip, confirmed: an announcement on rollout.shards implies its batch metrics (WIRE.md 6.2)."""
+        for item in said:
+            if item.written is not None:
+                seq, manifest, directory = item.written
+                value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
                                              manifest_path=manifest_place(Path(directory)))
-        self._outbox.send(Outgoing(self.topics.metrics, key, metrics_value, [], f"batch {seq} metrics"))
+                self._outbox.send(Outgoing(self.topics.metrics, str(seq).encode(), value, [], f"batch {seq} metrics"))
         self._outbox.confirm()
-        self._outbox.send(Outgoing(self.topics.shards, key, announcement(manifest, Path(directory)), [],
-                                   f"batch {seq} manifest"))
+        for item in said:
+            if item.written is not None:
+                seq, manifest, directory = item.written
+                self._outbox.send(Outgoing(self.topics.shards, str(seq).encode(),
+                                           announcement(manifest, Path(directory)), [], f"batch {seq} manifest"))
+            elif item.skipped is not None:
+                skipped = item.skipped
+                self._outbox.send(Outgoing(self.topics.shards, skipped.key(), skipped.value(), skipped.headers(),
+                                           f"batch {skipped.seq} skipped"))
         self._outbox.confirm()
 
     def _checkpoint(self) -> None:
