@@ -219,8 +219,18 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
 
     changelog = table.changelog_topic.get_topic_name()
 
-    async def publish_changelog(partition: int, key: bytes, value: bytes | None) -> None:
-        await app.producer.send(changelog, key, value, partition, None, None)
+    async def publish_changelog(partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
+        # record batches built here and handed over whole: one accumulator entry per batch, not per record
+        # (the producer's flush, and so the offset commit, waits for them as for single sends)
+        producer = app.producer._ensure_producer()
+        batch = producer.create_batch()
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: hand it over, start another
+                await producer.send_batch(batch, changelog, partition=partition)
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any first record
+        if batch.record_count():
+            await producer.send_batch(batch, changelog, partition=partition)
 
     async def fetch(topic: str, partition: int, start: int, end: int) -> FetchedRange:
         return await fetch_range(client_kwargs, topic, partition, start, end, max_record_bytes=max_record_bytes)

@@ -3,9 +3,11 @@
 Contract: ``ChangelogState(store, publish)`` is a ``MutableMapping[bytes, bytes]`` over ``store``
 (the Faust table's memory store, or a dict). Each write or delete is applied to the store at once
 and queued as a changelog record (a delete as a tombstone) for the partition set with
-``bind(partition)``; ``await flush()`` hands the queued records, in order, to ``publish`` (the
-aiokafka producer's ``send``: enqueued, not awaited). Faust's recovery reads the same changelog
-topic back into the store.
+``bind(partition)``; ``await flush()`` hands the queued records to ``publish``, one call per
+partition with that partition's records in write order (the order recovery replays; partitions are
+independent logs). The app's ``publish`` builds them into record batches for the aiokafka producer
+(enqueued, not awaited): one call per partition and flush, not one ``send`` per record. Faust's
+recovery reads the same changelog topic back into the store.
 
 Why not write through the Faust table: its changelog records go through a ``ProducerBuffer``
 whose ``flush`` gives up after 0.1 s, so a source offset can be committed while its state
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 
-Publish = Callable[[int, bytes, bytes | None], Awaitable[None]]
+Publish = Callable[[int, list[tuple[bytes, bytes | None]]], Awaitable[None]]
 
 
 class ChangelogState(MutableMapping):
@@ -61,9 +63,12 @@ class ChangelogState(MutableMapping):
         return len(self.store)
 
     async def flush(self) -> None:
-        """Hand the queued changelog records to the producer, in write order."""
+        """Hand the queued changelog records to the producer: per partition, in write order."""
         pending, self.pending = self.pending, []
-        if self.publish is None:
+        if self.publish is None or not pending:
             return
+        by_partition: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for partition, key, value in pending:
-            await self.publish(partition, key, value)
+            by_partition.setdefault(partition, []).append((key, value))
+        for partition, records in by_partition.items():
+            await self.publish(partition, records)

@@ -257,17 +257,23 @@ def test_processor_writes_each_turn_payload_to_the_changelog_once():
 def test_state_queues_writes_and_tombstones_in_order_until_flushed():
     published = []
 
-    async def publish(partition, key, value):
-        published.append((partition, key, value))
+    async def publish(partition, records):
+        published.append((partition, records))
 
     state = ChangelogState({}, publish)
     state.bind(3)
     state[b"a"] = b"1"
+    state.bind(1)
+    state[b"c"] = b"3"
+    state.bind(3)
     state[b"b"] = b"2"
     del state[b"a"]
-    assert published == [] and dict(state.store) == {b"b": b"2"}
+    assert published == [] and dict(state.store) == {b"b": b"2", b"c": b"3"}
     asyncio.run(state.flush())
-    assert published == [(3, b"a", b"1"), (3, b"b", b"2"), (3, b"a", None)]
+    # one call per partition, each partition's records in write order (partitions are independent logs)
+    assert published == [(3, [(b"a", b"1"), (b"b", b"2"), (b"a", None)]), (1, [(b"c", b"3")])]
+    asyncio.run(state.flush())
+    assert len(published) == 2  # nothing queued: nothing published
 
 
 def test_processor_does_not_count_a_replayed_final_twice_in_its_window():

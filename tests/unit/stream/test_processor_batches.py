@@ -30,8 +30,8 @@ class _Changelog:
     def __init__(self):
         self.records: list[tuple[int, bytes, bytes | None]] = []
 
-    async def __call__(self, partition, key, value):
-        self.records.append((partition, key, value))
+    async def __call__(self, partition, records):
+        self.records += [(partition, key, value) for key, value in records]
 
 
 def _processor(store: dict, changelog=None, sink=None) -> tuple[TurnProcessor, _Sink]:
