@@ -19,10 +19,13 @@ Modes (combine freely; each adds its rows after the default ones):
     .venv/bin/python bench/pipeline.py --latency
         then a fresh pipeline fed at 50% of the throughput just measured (--pace, each record at its
         scheduled time): final turn -> episode record and -> batch announcement, p50/p99
-    .venv/bin/python bench/pipeline.py [--stream-workers 2] [--compare-workers]
-        N stream workers sharing one Faust group; --compare-workers: 1 and 2 workers on the same
-        records, turns/s of each and 2/1 (the default run lasts ~2 s and its ratio swings with the
-        load; --episodes 2048 --distinct 512 gives runs of several seconds)
+    .venv/bin/python bench/pipeline.py [--stream-workers 2] [--compare-workers [1,2,3]]
+        N stream workers sharing one Faust group; --compare-workers: a fresh run with each worker count
+        (default 1 and 2) on the same records, turns/s of each, per worker, and N/1 (the default run
+        lasts ~2 s and its ratio swings with the load; --episodes 2048 --distinct 512 gives runs of
+        several seconds)
+    .venv/bin/python bench/pipeline.py --latency --paced-runs 5
+        five paced runs, each fresh, each with its own latency rows
     .venv/bin/python bench/pipeline.py --memory
         also a fresh run at 4x --episodes (copies of the same episodes): peak RSS per stage at 1x and
         4x and 4x/1x (target <= 1.2)
@@ -75,14 +78,22 @@ def parse_args() -> argparse.Namespace:
                              "(default: all distinct for the default workload, 8 for long)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stream-workers", type=int, default=1)
-    parser.add_argument("--compare-workers", action="store_true", help="pipeline turns/s with 1 and 2 workers")
+    parser.add_argument("--compare-workers", nargs="?", const="1,2", default=None, metavar="N,N,...",
+                        help="pipeline turns/s with each of these worker counts (default 1,2), each a fresh run")
     parser.add_argument("--latency", action="store_true", help="a paced run: latency at --pace of the throughput")
     parser.add_argument("--pace", type=float, default=0.5, help="--latency's rate, a share of pipeline turns/s")
+    parser.add_argument("--paced-runs", type=int, default=1, help="--latency: this many paced runs, each fresh")
     parser.add_argument("--memory", action="store_true", help="peak RSS per stage at --episodes and at 4x")
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--keep-topics", action="store_true", help="do not delete each run's topics afterwards")
     parser.add_argument("--out", type=Path, default=Path(f"/tmp/rollout-bus-bench-{uuid.uuid4().hex[:6]}"))
     args = parser.parse_args()
+    try:
+        args.compare_workers = sorted({int(n) for n in args.compare_workers.split(",")}) if args.compare_workers else []
+    except ValueError:
+        parser.error(f"--compare-workers {args.compare_workers}: expected worker counts such as 1,2,3")
+    if any(n < 1 for n in args.compare_workers) or args.paced_runs < 1:
+        parser.error("--compare-workers counts and --paced-runs must be >= 1")
     if args.out.exists() and any(args.out.iterdir()):  # a shard writer resumes from what it finds there
         parser.error(f"--out {args.out} is not empty: a run there would re-announce the batches it holds")
     asked = args.episodes or DEFAULT_EPISODES[args.workload]
@@ -118,7 +129,7 @@ def main() -> int:
         raw_s = min(raw_before, raw_after)  # the ceiling: the better of the runs either side of the pipeline
         log(f"raw bus runs: {raw_before:.2f}s before, {raw_after:.2f}s after the pipeline")
         by_workers = {args.stream_workers: result}
-        for workers in ((1, 2) if args.compare_workers else ()):
+        for workers in args.compare_workers:
             if workers not in by_workers:
                 log(f"compare-workers: a fresh pipeline with {workers} stream worker(s) ...")
                 by_workers[workers] = pipeline_run(bootstrap, records, args.episodes,
@@ -130,9 +141,11 @@ def main() -> int:
                                            workers=args.stream_workers, **kw)
         if args.latency:
             rate = args.pace * len(records) / result["elapsed"]
-            log(f"latency: a fresh pipeline fed at {rate:.0f} turns/s ...")
-            extra["latency"] = pipeline_run(bootstrap, records, args.episodes, args.out / "paced",
-                                            workers=args.stream_workers, rate=rate, **kw)
+            extra["latency"] = []
+            for k in range(args.paced_runs):
+                log(f"latency: a fresh pipeline fed at {rate:.0f} turns/s (run {k + 1}/{args.paced_runs}) ...")
+                extra["latency"].append(pipeline_run(bootstrap, records, args.episodes, args.out / f"paced-{k + 1}",
+                                                     workers=args.stream_workers, rate=rate, **kw))
     log(f"stage logs under {args.out}")
 
     pipe_s = result["elapsed"]
@@ -150,20 +163,22 @@ def main() -> int:
     if args.workload != "default" or args.stream_workers != 1:
         print(f"response tokens/s per stream worker: {response_tokens / pipe_s / args.stream_workers:.0f}  "
               f"({args.stream_workers} stream worker(s))")
-    if args.compare_workers:
-        for workers in (1, 2):
-            run = by_workers[workers]
-            print(f"stream workers {workers}: {len(records) / run['elapsed']:8.0f} turns/s  ({run['elapsed']:.2f}s)")
-        print(f"2 stream workers / 1: {by_workers[1]['elapsed'] / by_workers[2]['elapsed']:.2f}x")
+    for workers in args.compare_workers:
+        run = by_workers[workers]
+        tps = len(records) / run["elapsed"]
+        print(f"stream workers {workers}: {tps:8.0f} turns/s  ({run['elapsed']:.2f}s), {tps / workers:.0f} turns/s "
+              f"per worker")
+    for workers in (n for n in args.compare_workers if n > 1 and 1 in args.compare_workers):
+        print(f"{workers} stream workers / 1: {by_workers[1]['elapsed'] / by_workers[workers]['elapsed']:.2f}x")
     if "memory" in extra:
         big = extra["memory"]["memory"]
         print(f"peak memory at 1x ({args.episodes} episodes): {memory_text(result['memory'])}")
         print(f"peak memory at 4x ({4 * args.episodes} episodes): {memory_text(big)}")
         print("peak memory 4x / 1x: " + ", ".join(f"{k} {big[k] / v:.2f}" for k, v in result["memory"].items())
               + "  (target <= 1.2)")
-    if "latency" in extra:
-        paced = extra["latency"]
-        print(f"paced at {rate:.0f} turns/s ({args.pace:.0%} of {pipe_tps:.0f} turns/s; achieved "
+    for k, paced in enumerate(extra.get("latency", [])):
+        run = f" run {k + 1}/{args.paced_runs}" if args.paced_runs > 1 else ""
+        print(f"paced{run} at {rate:.0f} turns/s ({args.pace:.0%} of {pipe_tps:.0f} turns/s; achieved "
               f"{len(records) / paced['sent_s']:.0f} turns/s over {paced['sent_s']:.2f}s)")
         latency_rows("paced ", paced)
     return 0
