@@ -1,14 +1,12 @@
 """Finals whose episode records are sent but not yet known to be acknowledged.
 
 Why: awaiting each episode record before the next turn would hold a worker to one broker round trip
-per episode, and awaiting a batch's episode records before the next batch idled the worker for a round
-trip per batch (~10% of its time at full speed). Finals are pipelined instead: the worker goes on with
-other records, and batches, while episode records are in flight. The processor applies the deferred
-effects of the finals already acknowledged, oldest first, at the end of each batch and on the app's short
-timer (``settle(wait=False)``), and waits for all of them before any record of an in-flight episode's key,
-before a window closes, at ``MAX_IN_FLIGHT``, before an end-of-run is forwarded and on a rebalance.
-Meanwhile a partition's recorded position is at most the offset of its oldest in-flight final
-(``oldest()``), so a crash replays from there (the later records' effects are idempotent).
+per episode. Finals are pipelined instead: the worker goes on with other records while episode records
+are in flight, and the processor's ``drain()`` applies their deferred effects once they are
+acknowledged (at the end of each batch, before any record of an in-flight episode's key, before a
+window closes, at ``MAX_IN_FLIGHT``, and on the app's short timer). Until then the partition's recorded
+position stays where it was before the oldest in-flight final, so a crash replays from there (the later
+records' effects are idempotent).
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ class Final:
 
     partition: int
     key: bytes
-    offset: int  # of the final turn record: the partition's recorded position stays at or before it
     delivery: Awaitable[Any] | None
     count: Callable[[], None]  # into its window entry (written once per drain, before any finished marker)
     finish: Callable[[], None]  # the finished marker; the stored turns forgotten
@@ -56,30 +53,19 @@ class InFlight:
         """Whether to drain before a record of ``key``: one of its episodes is in flight, or the pipeline is full."""
         return key in self._keys or len(self._finals) >= self.limit
 
-    def oldest(self) -> dict[int, int]:
-        """Per source partition with finals in flight, the offset of the oldest: its position may not pass it."""
-        found: dict[int, int] = {}
-        for final in self._finals:
-            found.setdefault(final.partition, final.offset)
-        return found
+    def partitions(self) -> set[int]:
+        """The source partitions whose positions wait for a final in flight."""
+        return {final.partition for final in self._finals}
 
     def clear(self) -> None:
         self._finals.clear()
         self._keys.clear()
 
-    async def settle(self, wait: bool = True) -> list[tuple[Final, RecordTooLargeError | None]]:
-        """Take every final (``wait=False``: the oldest ones whose deliveries are complete, up to the first that
-        is not) and await their deliveries together: each final in order, with the size refusal of its record
-        or None. Any other failed delivery is raised (the worker crashes and replays)."""
-        if wait:
-            finals, self._finals = self._finals, []
-        else:
-            done = 0
-            while done < len(self._finals) and (self._finals[done].delivery is None
-                                                or _complete(self._finals[done].delivery)):
-                done += 1
-            finals, self._finals = self._finals[:done], self._finals[done:]
-        self._keys = {final.key for final in self._finals}
+    async def settle(self) -> list[tuple[Final, RecordTooLargeError | None]]:
+        """Take every final and await their deliveries together: each final in order, with the size
+        refusal of its record or None. Any other failed delivery is raised (the worker crashes and replays)."""
+        finals, self._finals = self._finals, []
+        self._keys.clear()
         sent = [f for f in finals if f.delivery is not None]
         results = dict(zip(map(id, sent), await asyncio.gather(*(f.delivery for f in sent), return_exceptions=True)))
         for result in results.values():
@@ -87,9 +73,3 @@ class InFlight:
                 raise result
         refused = {key: result for key, result in results.items() if isinstance(result, RecordTooLargeError)}
         return [(final, refused.get(id(final))) for final in finals]
-
-
-def _complete(delivery: Awaitable[Any]) -> bool:
-    """Whether a delivery has its outcome (a future or task that is done; any other awaitable is awaited)."""
-    done = getattr(delivery, "done", None)
-    return bool(done()) if callable(done) else False

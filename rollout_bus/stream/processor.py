@@ -13,7 +13,7 @@ Contract:
   process (written last for every batch, so the recovered state says which records it holds:
   replays below it are skipped, and records Faust acknowledged without delivering them to the
   agent, as it does around rebalances and restarts, are read again through ``fetch``).
-* ``handle_batch`` processes its records in order, then applies the finals acknowledged: the changelog is
+* ``handle_batch`` processes its records in order, then drains their finals: the changelog is
   flushed, the window entries written and the positions recorded once per batch rather than
   per record (``tests/unit/stream/test_processor_batches.py`` cuts the changelog at every
   write and replays: no episode is lost and none is counted twice). Stored turns are kept as
@@ -24,9 +24,8 @@ Contract:
   position. A crash between them re-emits the episode on replay (same key and attempt) and never
   loses one; the window entry's recorded offset keeps a replayed final from being counted twice,
   and a replayed final of a finished episode deletes stored turns the crash left behind.
-* Finals are pipelined (``rollout_bus.stream.in_flight``), across batches too: ``drain()`` applies their
-  deferred effects once acknowledged (``drain(wait=False)``, at a batch's end and on the timer, only those
-  already acknowledged); until then the partition's recorded position is at most the oldest one's offset.
+* Finals are pipelined (``rollout_bus.stream.in_flight``): ``drain()`` applies their deferred effects
+  once acknowledged; until then the partition's recorded position stays before the oldest of them.
 * Every record ends in exactly one outcome, counted in ``Outcomes``. Rejected records go to
   rollout.dlq, and an episode that will never be emitted (its final turn dead-lettered, unmergeable,
   or over the size limit) is abandoned: ``rollout_bus.stream.rejections``. Only errors of the record
@@ -172,8 +171,8 @@ class TurnProcessor:
 
     async def handle_batch(self, records: Sequence[TurnRecord], owned: Callable[[], Container[int]] | None = None,
                            ) -> None:
-        """Process records in order, then apply the finals already acknowledged (the rest stay in flight): the
-        state's changelog, the window entries and the positions are written once per batch, not per record.
+        """Process records in order, then drain their finals: the state's changelog, the window entries
+        and the positions are written once per batch, not per record.
 
         ``owned`` (read once the gate is open) gives the rollout.turns partitions this worker holds
         now: records of others, taken before a rebalance moved them, are left to their new owner,
@@ -188,17 +187,16 @@ class TurnProcessor:
                     continue
                 self._last_seen[record.partition] = now
                 await self._handle(record)
-            await self.drain(wait=False)  # the rest stay in flight: the next batch need not wait for them
+            await self.drain()
             self._write_positions()
             await self.table.flush()
 
-    async def drain(self, wait: bool = True) -> None:
-        """Await every in-flight episode record, then apply their deferred effects in order; ``wait=False``:
-        only those of the oldest finals already acknowledged (the rest stay in flight)."""
+    async def drain(self) -> None:
+        """Await every in-flight episode record, then apply their deferred effects in order."""
         if not self._in_flight:
             return
         counted = []
-        for final, refused in await self._in_flight.settle(wait):
+        for final, refused in await self._in_flight.settle():
             self.table.bind(final.partition)
             if refused is not None:
                 await final.too_large(refused)
@@ -213,10 +211,9 @@ class TurnProcessor:
         await self.table.flush()
 
     async def drain_idle(self) -> None:
-        """The app's timer: apply acknowledged finals even when no further record arrives (without waiting
-        for the others, so a timer never holds the agent up for a round trip)."""
+        """The app's timer: apply acknowledged finals even when no further record arrives."""
         async with self.gate.hold():
-            await self.drain(wait=False)
+            await self.drain()
 
     def _position(self, partition: int) -> int | None:
         """The next offset to process: ahead of the recorded one until the batch's end (or while finals
@@ -300,10 +297,10 @@ class TurnProcessor:
 
     def _write_positions(self) -> None:
         """Record each partition's next offset, written last for what the state holds of it; a partition
-        with finals in flight records at most the offset of the oldest of them until they are drained."""
-        oldest = self._in_flight.oldest()
-        for partition in sorted(self._next_offset):
-            position = min(self._next_offset[partition], oldest.get(partition, self._next_offset[partition]))
+        with finals in flight keeps the position it had before the oldest of them until they are drained."""
+        held = self._in_flight.partitions()
+        for partition in sorted(p for p in self._next_offset if p not in held):
+            position = self._next_offset[partition]
             if position != self._written_position.get(partition):
                 self.table.bind(partition)
                 self.table[position_key(partition)] = b"%d" % position
@@ -495,7 +492,7 @@ class TurnProcessor:
         def finish() -> None:
             self._finish(index, record.key, headers, record)
 
-        self._in_flight.add(Final(record.partition, record.key, record.offset, delivery, count, finish, too_large))
+        self._in_flight.add(Final(record.partition, record.key, delivery, count, finish, too_large))
 
     def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders, final: TurnRecord) -> None:
         """Leave the finished marker (where the final turn was, for pruning); forget the stored turns."""
