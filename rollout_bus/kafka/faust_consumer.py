@@ -12,16 +12,18 @@ Here, after every fetched batch, each changelog partition with records that were
 sought back to the first of them, unless its position is already at or before it (recovery only
 applies offsets it has not seen, so reading a record twice is harmless).
 
-Its fetches are not held back by records it never asked for either: Faust hands aiokafka every assigned
-partition, the state changelog's too (it pauses partitions only in its own bookkeeping), and delivers only the
-active ones. aiokafka holds a fetched partition's records until they are consumed and meanwhile sends no
-fetch to that broker for up to its prefetch backoff (100 ms). A worker's own first changelog writes, fetched
-and never consumed, so stalled every partition of a one-broker cluster for ~100 ms at the start of a run (the
-paced p99 latency was that stall). The worker's aiokafka consumer backs off ``PREFETCH_BACKOFF_S`` instead.
+Nor does it fetch a changelog it is not recovering: Faust hands aiokafka every assigned partition, the state
+changelog's too (it pauses partitions only in its own bookkeeping), and delivers only its active ones. aiokafka
+holds a fetched partition's records until they are consumed and meanwhile sends no fetch to that broker for up
+to its prefetch backoff (100 ms). A worker's own first changelog writes, fetched and never consumed, so stalled
+every partition of a one-broker cluster for ~100 ms at the start of a run (the paced p99 latency was that
+stall). Before each fetch the consumer thread pauses, in aiokafka, each changelog partition outside Faust's
+active set and resumes each inside it (recovery puts the ones it reads there).
 
 Contract: ``ChangelogKeepingTransport`` is Faust's aiokafka transport with that consumer;
 ``undelivered_starts(fetched, delivered, topics)`` is the pure rule: ``{tp: first offset not
-delivered}`` over the partitions of ``topics``.
+delivered}`` over the partitions of ``topics``; ``changelog_pauses(assigned, active, paused, topics)`` the
+other: which changelog partitions to pause and to resume in aiokafka.
 """
 
 from __future__ import annotations
@@ -33,10 +35,6 @@ from typing import Any
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 logger = logging.getLogger(__name__)
-
-# how long aiokafka's fetcher waits for records of one partition to be consumed before it fetches from their
-# broker again (aiokafka: 0.1 s, not a consumer setting); a partition holds at most one fetch result either way
-PREFETCH_BACKOFF_S = 0.005
 
 
 def undelivered_starts(fetched: Mapping[Any, Sequence[Any]], delivered: Mapping[Any, int],
@@ -51,12 +49,27 @@ def undelivered_starts(fetched: Mapping[Any, Sequence[Any]], delivered: Mapping[
     return starts
 
 
-class _PromptFetchThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """Faust's consumer thread whose aiokafka consumer backs off ``PREFETCH_BACKOFF_S`` (see the module docstring)."""
+def changelog_pauses(assigned: Collection[Any], active: Collection[Any], paused: Collection[Any],
+                     topics: Collection[str]) -> tuple[set[Any], set[Any]]:
+    """(to pause, to resume) in aiokafka: each assigned partition of ``topics`` fetched only while active."""
+    changelog = {tp for tp in assigned if tp.topic in topics}
+    wanted = {tp for tp in changelog if tp not in active}
+    return wanted - set(paused), (changelog - wanted) & set(paused)
 
-    async def on_start(self) -> None:
-        await super().on_start()
-        self._consumer._fetcher._prefetch_backoff = PREFETCH_BACKOFF_S
+
+class _ActiveOnlyThread(aiokafka_driver.AIOKafkaConsumerThread):
+    """Faust's consumer thread; aiokafka fetches a changelog partition only while Faust reads it."""
+
+    async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None,
+                             max_records: int | None = None) -> Any:
+        active = set(active_partitions or ())  # Faust's live set: read once
+        pause, resume = changelog_pauses(consumer.assignment(), active, consumer.paused(),
+                                         self.consumer.app.tables.changelog_topics)
+        if pause:
+            consumer.pause(*pause)
+        if resume:
+            consumer.resume(*resume)
+        return await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
 
 
 class ChangelogKeepingConsumer(aiokafka_driver.Consumer):
@@ -65,7 +78,7 @@ class ChangelogKeepingConsumer(aiokafka_driver.Consumer):
     _fetched: Mapping[Any, Sequence[Any]] | None = None
 
     def _new_consumer_thread(self) -> Any:
-        return _PromptFetchThread(self, loop=self.loop, beacon=self.beacon)
+        return _ActiveOnlyThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
         self._fetched = await super()._getmany(active_partitions, timeout)

@@ -10,7 +10,8 @@ import faust.transport.consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from rollout_bus.kafka.faust_consumer import ChangelogKeepingConsumer, ChangelogKeepingTransport, undelivered_starts
+from rollout_bus.kafka.faust_consumer import (ChangelogKeepingConsumer, ChangelogKeepingTransport, changelog_pauses,
+                                              undelivered_starts)
 
 CHANGELOG = "app-state-changelog"
 TURNS = "rollout.turns"
@@ -26,6 +27,18 @@ def test_the_first_undelivered_record_of_each_changelog_partition_is_named():
     assert undelivered_starts(fetched, {}, {CHANGELOG}) == {log9: 0, log10: 5}
     assert undelivered_starts(fetched, {log9: 4, log10: 3}, {CHANGELOG}) == {log9: 4}
     assert undelivered_starts(fetched, {log9: 13, log10: 3}, {CHANGELOG}) == {}
+
+
+def test_aiokafka_fetches_a_changelog_partition_only_while_faust_reads_it():
+    log0, log1, log2, turns0 = TP(CHANGELOG, 0), TP(CHANGELOG, 1), TP(CHANGELOG, 2), TP(TURNS, 0)
+    assigned = {log0, log1, log2, turns0}
+    # after recovery (or with nothing to recover) Faust reads only the source: every changelog partition is paused
+    assert changelog_pauses(assigned, {turns0}, set(), {CHANGELOG}) == ({log0, log1, log2}, set())
+    # a recovery of partition 1 puts it in Faust's active set: resumed; the paused ones stay, nothing twice
+    assert changelog_pauses(assigned, {turns0, log1}, {log0, log1, log2}, {CHANGELOG}) == (set(), {log1})
+    # the source topic's partitions are Faust's flow control, never touched here
+    assert changelog_pauses(assigned, set(), set(), {CHANGELOG}) == ({log0, log1, log2}, set())
+    assert changelog_pauses({turns0}, set(), {turns0}, {CHANGELOG}) == (set(), set())
 
 
 class _Stub(ChangelogKeepingConsumer):
