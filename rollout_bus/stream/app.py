@@ -221,7 +221,8 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
 
     async def publish_changelog(partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
         # record batches built here and handed over whole: one accumulator entry per batch, not per record
-        # (the producer's flush, and so the offset commit, waits for them as for single sends)
+        # (the producer's flush, and so the offset commit, waits for them as for single sends; a batch waits
+        # for the partition's previous one to be taken by the sender, which keeps the partition in order)
         producer = app.producer._ensure_producer()
         batch = producer.create_batch()
         for key, value in records:

@@ -369,8 +369,10 @@ class FaultContext:
             logger.exception("fault failed run=%s", self.run.run_id)
             self.error = f"fault raised {type(exc).__name__}: {exc}"
 
-    def wait_for(self, what: str, predicate: Callable[[Observation], bool], timeout_s: float = 600.0) -> Observation:
-        """Block until the latest observation satisfies ``predicate``."""
+    def wait_for(self, what: str, predicate: Callable[[Observation], bool], timeout_s: float = 600.0, *,
+                 or_when_done: bool = False) -> Observation:
+        """Block until the latest observation satisfies ``predicate``; ``or_when_done``: or until the pipeline
+        has done all its work (then the latest observation, which does not satisfy it)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.abort.is_set():
@@ -379,6 +381,8 @@ class FaultContext:
             if obs is not None and predicate(obs):
                 return obs
             if self.run.reconciled_at is not None:
+                if or_when_done and obs is not None:
+                    return obs
                 raise FaultNotInjected(f"the pipeline finished before {what}")
             time.sleep(0.1)
         raise FaultNotInjected(f"{what} did not happen within {timeout_s:.0f}s")
