@@ -367,6 +367,8 @@ class ShardWriter:
         """Write in order, then say so for all of them in two round trips: every batch's metrics record,
         confirmed; then every announcement (or skip) in seq order, confirmed; then one commit. Past
         ``max_batches`` the rest stay uncommitted for the next run."""
+        if not batches:  # the loop asks at every turn: nothing due, nothing to say (the loop commits itself)
+            return
         said: list[_Said] = []
         for batch in batches:
             if self._reached_max():
