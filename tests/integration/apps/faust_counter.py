@@ -30,5 +30,5 @@ def build(bootstrap: str, source: str, sink: str, app_id: str, datadir: str) -> 
 
 if __name__ == "__main__":
     bootstrap, source, sink, app_id, datadir = sys.argv[1:6]
-    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn", "--without-web"]
+    sys.argv = [sys.argv[0], "worker", "--loglevel", "info", "--without-web"]
     build(bootstrap, source, sink, app_id, datadir).main()
