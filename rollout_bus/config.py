@@ -7,11 +7,13 @@ client in the project takes, so security settings pass through to all of them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rollout_bus.errors import ConfigError
 from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, MAX_RECORD_BYTES_CEILING, Topics, check_prefix
 
@@ -22,6 +24,14 @@ class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
 
+def _read_secret(path: str, setting: str) -> str:
+    """The first line of the file ``path`` names; ``ConfigError`` says which setting and why not."""
+    try:
+        return Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{setting}={path!r} cannot be read: {exc.strerror or exc}") from exc
+
+
 class KafkaSettings(_Settings):
     """How to reach the cluster. Empty ``bootstrap_servers`` means: use the local broker."""
 
@@ -30,6 +40,8 @@ class KafkaSettings(_Settings):
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None
     sasl_plain_password: SecretStr | None = None
+    # the password in a file (owner-only), so it is in no process's environment (``ps e``) either
+    sasl_password_file: str | None = None
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -52,6 +64,8 @@ class KafkaSettings(_Settings):
         kwargs.update({k: v for k, v in optional.items() if v})
         if self.sasl_plain_password is not None:
             kwargs["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
+        elif self.sasl_password_file:
+            kwargs["sasl_plain_password"] = _read_secret(self.sasl_password_file, "ROLLOUT_BUS_SASL_PASSWORD_FILE")
         return kwargs
 
     def topics(self) -> Topics:

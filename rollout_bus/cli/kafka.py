@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from rollout_bus.cli import options
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import BrokerError, ConfigError
 from rollout_bus.kafka.dev.local_broker import LocalBroker
 from rollout_bus.kafka.dev.runtime import classpath, ensure_jars, java_executable
 
@@ -20,22 +20,39 @@ app = typer.Typer(help="Run a real single-node Apache Kafka (KRaft) on 127.0.0.1
 console = Console(stderr=True)
 
 
-def _broker(port: int, data_dir: Path | None) -> LocalBroker:
-    return LocalBroker(port=port, data_dir=data_dir)
+def _broker(port: int, data_dir: Path | None, secure: bool = False) -> LocalBroker:
+    return LocalBroker(port=port, data_dir=data_dir, secure=secure)
 
 
 @app.command()
 def start(port: int = options.PORT, data_dir: Path | None = options.DATA_DIR,
-          timeout: float = typer.Option(90.0, help="Seconds to wait for the broker to answer.")) -> None:
+          timeout: float = typer.Option(90.0, help="Seconds to wait for the broker to answer."),
+          secure: bool = typer.Option(False, "--secure", help="TLS and SCRAM-SHA-512 on the client listener, ACLs "
+                                      "enforced (nothing allowed without one), a principal per role with its ACLs; "
+                                      "on a new --data-dir only (its principals are made when it is formatted).")
+          ) -> None:
     """Start the broker (fetching its jars once) and wait until it serves metadata; print the bootstrap address."""
     began = time.monotonic()
     try:
-        status = _broker(port, data_dir).start(timeout_s=timeout, echo=lambda m: console.print(f"[dim]{m}[/dim]"))
-    except BrokerError as exc:
+        broker = _broker(port, data_dir, secure)
+        status = broker.start(timeout_s=timeout, echo=lambda m: console.print(f"[dim]{m}[/dim]"))
+    except (BrokerError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
     console.print(f"kafka {status.detail} in {time.monotonic() - began:.1f}s; data in {status.data_dir}")
+    if broker.secure is not None:
+        _say_secure(broker)
     print(status.bootstrap)
+
+
+def _say_secure(broker: LocalBroker) -> None:
+    """Where a client of the secured broker finds its settings (never the passwords themselves)."""
+    setup = broker.secure
+    console.print(f"secured: SASL_SSL, SCRAM-SHA-512, CA {setup.ca_file}; ACLs enforced. One principal per role, "
+                  f"its settings in a file to source (`set -a; . FILE; set +a`), its password in a file beside:")
+    for user in setup.users():
+        console.print(f"  {user:<10} {setup.env_file(user)}")
+    console.print(f"Kafka's own tools as admin: --command-config {setup.tools_properties}")
 
 
 @app.command()
@@ -62,6 +79,7 @@ KAFKA_TOOLS = {
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
     "configs": "kafka.admin.ConfigCommand",                   # e.g. a topic's min.insync.replicas, and where it is set
     "metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",  # the KRaft voters and their lag
+    "acls": "org.apache.kafka.tools.AclCommand",                # a secured cluster's ACLs (--list)
 }
 
 

@@ -19,12 +19,15 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollout_bus.errors import BrokerError, ConfigError, must_be
 from rollout_bus.kafka.dev import runtime
+from rollout_bus.kafka.dev.certificates import write_private
+from rollout_bus.kafka.dev.secure import ADMIN, SecureSetup
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +55,9 @@ logger.started.level = INFO
 """
 
 
-def server_properties(port: int, controller_port: int, data: Path) -> str:
-    """The broker's configuration: one combined node, everything sized for one machine."""
+def server_properties(port: int, controller_port: int, data: Path, overrides: Mapping[str, str] | None = None) -> str:
+    """The broker's configuration: one combined node, everything sized for one machine; ``overrides`` replace
+    settings (a secured node's listeners, ``secure.SecureSetup.server_settings``) or add to them."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -83,6 +87,7 @@ def server_properties(port: int, controller_port: int, data: Path) -> str:
         "log.retention.hours": "24",
         "log.segment.bytes": str(64 * 1024 * 1024),
     }
+    settings.update(overrides or {})
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
@@ -96,8 +101,9 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker at ``bootstrap`` answers a metadata request."""
+def broker_answers(bootstrap: str, timeout_s: float = 2.0, connection: Mapping[str, Any] | None = None) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request (``connection``: the security keywords
+    of a client it accepts)."""
     from rollout_bus.kafka.clients import KafkaError, new_admin  # a heavy import, only needed here
 
     host, _, port = bootstrap.split(",")[0].rpartition(":")
@@ -109,7 +115,7 @@ def broker_answers(bootstrap: str, timeout_s: float = 2.0) -> bool:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        admin = new_admin({"bootstrap_servers": bootstrap}, client_id="rollout-bus-probe",
+        admin = new_admin({**(connection or {}), "bootstrap_servers": bootstrap}, client_id="rollout-bus-probe",
                           request_timeout_ms=int(timeout_s * 1000), bootstrap_timeout_ms=int(timeout_s * 1000))
         try:
             admin.describe_cluster()
@@ -136,7 +142,7 @@ class LocalBroker:
 
     heap = HEAP  # the JVM's -Xmx; a subclass running several nodes on one machine asks for less
 
-    def __init__(self, port: int = DEFAULT_PORT, data_dir: Path | str | None = None):
+    def __init__(self, port: int = DEFAULT_PORT, data_dir: Path | str | None = None, secure: bool = False):
         if not 1 <= port <= 65534:  # the controller listens on port + 1
             raise ConfigError(must_be("port", "in 1..65534 (the controller takes port + 1)", port))
         self.port = port
@@ -145,10 +151,23 @@ class LocalBroker:
         self.pid_file = self.data_dir / "broker.pid"
         self.log_file = self.data_dir / "broker.log"
         self.properties = self.data_dir / "server.properties"
+        # secured once, secured for good: a data dir formatted with credentials starts secured without the flag
+        material = self.data_dir / "secure"
+        self.secure = SecureSetup(material) if secure or material.exists() else None
+        self._secure_asked = secure
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def connection(self) -> dict[str, Any]:
+        """kafka-python keywords of a client of this broker: for a secured one, its ``admin`` principal."""
+        if self.secure is None:
+            return {"bootstrap_servers": self.bootstrap}
+        return self.secure.client_kwargs(ADMIN, self.bootstrap)
+
+    def _answers(self, timeout_s: float = 2.0) -> bool:
+        return broker_answers(self.bootstrap, timeout_s, self.connection())
 
     def _recorded_pid(self) -> int | None:
         """The pid this manager started, if it still runs this broker (guards against pid reuse)."""
@@ -169,7 +188,7 @@ class LocalBroker:
         pid = self._recorded_pid()
         if pid is None:
             return BrokerStatus(False, None, self.bootstrap, self.data_dir, "not running")
-        if not broker_answers(self.bootstrap):
+        if not self._answers():
             return BrokerStatus(False, pid, self.bootstrap, self.data_dir, f"process {pid} runs but does not answer")
         return BrokerStatus(True, pid, self.bootstrap, self.data_dir, f"up (pid {pid})")
 
@@ -177,7 +196,7 @@ class LocalBroker:
         """Start the broker (fetching jars on first use) and wait until it serves metadata."""
         pid = self._recorded_pid()
         if pid is not None:
-            if broker_answers(self.bootstrap):
+            if self._answers():
                 return BrokerStatus(True, pid, self.bootstrap, self.data_dir, f"already up (pid {pid})")
             return self._wait_until_up(pid, time.monotonic() + timeout_s, echo)
         java = runtime.java_executable()
@@ -200,13 +219,22 @@ class LocalBroker:
         return self._wait_until_up(proc.pid, time.monotonic() + timeout_s, echo, proc=proc)
 
     def _prepare(self, java: str, libs: Path) -> None:
-        """Write the configuration and format storage once (KRaft needs a formatted log dir)."""
+        """Write the configuration and format storage once (KRaft needs a formatted log dir); a secured node's
+        certificates and credentials are made first, and its principals created by the format."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.properties.write_text(server_properties(self.port, self.controller_port, self.data_dir))
+        formatted = (self.data_dir / "data" / "meta.properties").exists()
+        if self.secure is not None:
+            if formatted and not self.secure.directory.exists():
+                raise ConfigError(f"{self.data_dir} holds a broker formatted without --secure, and its principals "
+                                  f"can only be created by a format: use another --data-dir for a secured broker")
+            self.secure.prepare(java)
+        overrides = self.secure.server_settings(self.port, self.controller_port) if self.secure else None
+        write_private(self.properties, server_properties(self.port, self.controller_port, self.data_dir, overrides))
         (self.data_dir / "log4j2.properties").write_text(LOG4J2)
-        if (self.data_dir / "data" / "meta.properties").exists():
+        if formatted:
             return
-        format_storage(java, libs, self.properties, new_cluster_id())
+        format_storage(java, libs, self.properties, new_cluster_id(),
+                       self.secure.scram_format_args() if self.secure else ())
 
     def _wait_until_up(self, pid: int, deadline: float, echo, proc: subprocess.Popen | None = None) -> BrokerStatus:
         while time.monotonic() < deadline:
@@ -214,12 +242,23 @@ class LocalBroker:
                 self.pid_file.unlink(missing_ok=True)
                 raise BrokerError(f"the Kafka broker exited with code {proc.returncode} while starting; "
                                   f"last lines of {self.log_file}:\n{self.log_tail()}")
-            if broker_answers(self.bootstrap, timeout_s=1.0):
+            if self._answers(timeout_s=1.0):
+                if self.secure is not None:
+                    self._secure_roles()
                 return BrokerStatus(True, pid, self.bootstrap, self.data_dir, f"started (pid {pid})")
             time.sleep(0.25)
         self._signal_and_wait(pid, 10.0)
         raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} in time; "
                           f"last lines of {self.log_file}:\n{self.log_tail()}")
+
+    def _secure_roles(self) -> None:
+        """Each role's principal gets its ACLs for unprefixed topics (``acls.role_bindings``), and every
+        principal its client settings file."""
+        from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings  # the admin client: only needed here
+        from rollout_bus.wire.topics import Topics
+
+        self.secure.write_client_files(self.bootstrap)
+        apply_bindings(self.connection(), [(role, b) for role in ROLES for b in role_bindings(role, role, Topics())])
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker this manager started; False when none was running."""
@@ -263,19 +302,27 @@ def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().byte
             return found
 
 
-def format_storage(java: str, libs: Path, properties: Path, cluster_id: str) -> None:
+def format_storage(java: str, libs: Path, properties: Path, cluster_id: str,
+                   secret_args: Sequence[str] = ()) -> None:
     """Format the log dirs named in ``properties`` for ``cluster_id`` (KRaft refuses unformatted dirs).
 
     Every node of one cluster must be formatted with the same id; ``--ignore-formatted`` makes a
     second call on a formatted node a no-op. Any valid id works, one starting with '-' included
-    (a cluster id file written by hand or by an older version may hold one).
+    (a cluster id file written by hand or by an older version may hold one). ``secret_args`` (SCRAM
+    credentials) reach the tool through a JVM argument file readable by its owner only, deleted after, so
+    they are never on a command line.
     """
+    tool = ["-cp", runtime.classpath(libs), "kafka.tools.StorageTool", "format",
+            # one token: the tool's parser would read a separate value starting with '-' as an option
+            f"--cluster-id={cluster_id}", "-c", str(properties), "--ignore-formatted", *secret_args]
+    argfile = properties.parent / "format.args"
+    write_private(argfile, "".join('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"\n' for a in tool))
     cmd = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1",
-           f"-Dlog4j2.configurationFile={properties.parent / 'log4j2.properties'}",
-           "-cp", runtime.classpath(libs), "kafka.tools.StorageTool", "format",
-           # one token: the tool's parser would read a separate value starting with '-' as an option
-           f"--cluster-id={cluster_id}", "-c", str(properties), "--ignore-formatted"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+           f"-Dlog4j2.configurationFile={properties.parent / 'log4j2.properties'}", f"@{argfile}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    finally:
+        argfile.unlink(missing_ok=True)
     if done.returncode != 0:
         raise BrokerError(f"formatting Kafka storage failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
@@ -299,9 +346,11 @@ class BrokerLease:
     """
 
     def __init__(self, bootstrap_servers: str | None, port: int = DEFAULT_PORT, data_dir: Path | None = None,
-                 echo=print):
+                 echo=print, secure: bool = False):
         self.given = bootstrap_servers or None
-        self.broker = None if self.given else LocalBroker(port=port, data_dir=data_dir)
+        if secure and data_dir is None:  # never the plaintext broker's dir: a secured one is formatted so
+            data_dir = runtime.cache_root() / f"broker-{port}-secure"
+        self.broker = None if self.given else LocalBroker(port=port, data_dir=data_dir, secure=secure)
         self.started_here = False
         self.echo = echo
 
