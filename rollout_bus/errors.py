@@ -14,7 +14,8 @@ says "raises ValueError") catch them unchanged::
     │   ├── Unavailable                 something waited for is not there yet (transient)
     │   │   └── MissingTopicError       (also a ConfigError) not created yet, or a wrong name
     │   ├── Stopped                     asked to stop while waiting for the broker
-    │   └── RecordTooLargeError         a record is over the size limit of a producer or topic
+    │   ├── RecordTooLargeError         a record is over the size limit of a producer or topic
+    │   └── AccessDenied                the cluster refused this principal (ACLs, login): never retried
     ├── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
     └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
@@ -85,6 +86,11 @@ class Stopped(BrokerError):
 class RecordTooLargeError(BrokerError):
     """A record is over the producer's or the topic's size limit (``rollout_bus.kafka.limits``):
     it is dead-lettered by reference, never fatal."""
+
+
+class AccessDenied(BrokerError):
+    """A secured cluster refused this client: an ACL its principal lacks, or a failed login. Not transient:
+    the message names what was refused, as whom, and what to check (``rollout_bus.kafka.refusals``)."""
 
 
 def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -> str:

@@ -11,8 +11,6 @@ it carries and its key. Also ``python -m rollout_bus.cli.topics``.
 
 from __future__ import annotations
 
-import time
-
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -20,8 +18,7 @@ from rich.table import Table
 
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.dev.local_broker import broker_answers
+from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.wire.topics import Topics
 
 app = typer.Typer(help="Create or list the pipeline's Kafka topics.", no_args_is_help=True)
@@ -37,15 +34,6 @@ def _topics(prefix: str | None, turns_partitions: int | None, episodes_partition
     defaults = Topics()
     return Topics(prefix=prefix or "", turns_partitions=turns_partitions or defaults.turns_partitions,
                   episodes_partitions=episodes_partitions or defaults.episodes_partitions)
-
-
-def _wait_for_cluster(bootstrap: str, timeout_s: float) -> None:
-    """A one-shot service may start before the broker serves requests: poll, then give up loudly."""
-    deadline = time.monotonic() + timeout_s
-    while not broker_answers(bootstrap):
-        if time.monotonic() >= deadline:
-            raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s")
-        time.sleep(1.0)
 
 
 @app.command()
@@ -64,7 +52,7 @@ def create(
     kwargs = kafka.client_kwargs()
     topics = _topics(kafka.topic_prefix, turns_partitions, episodes_partitions)
     try:
-        _wait_for_cluster(kwargs["bootstrap_servers"], timeout)
+        wait_for_cluster(kwargs, timeout)  # a one-shot service may start before the broker serves requests
         created = ensure_topics(kwargs, topics, replication_factor=replication_factor,
                                 max_record_bytes=kafka.max_record_bytes)
     except BrokerError as exc:

@@ -30,6 +30,7 @@ from typing import Any
 from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError, Stopped, must_be
 from rollout_bus.kafka.clients import new_producer
 from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.refusals import refusals_named
 from rollout_bus.wire.records import WEIGHTS_KEY, WeightVersion
 from rollout_bus.wire.topics import Topics
 
@@ -44,6 +45,7 @@ class WeightPublisher:
 
     def __init__(self, conn: Mapping[str, Any], topics: Topics) -> None:
         self.topic = topics.weights
+        self._conn = conn
         self._producer = new_producer(conn, acks="all", client_id="rollout-bus-weights")
         self._last: int | None = None
 
@@ -54,7 +56,8 @@ class WeightPublisher:
         if self._last is not None and version < self._last:
             raise ConfigError(must_be("weight version", f">= {self._last} (the last one published)", version))
         record = WeightVersion(version, int(step), time.time_ns() // 1_000_000, uri, sha256, size)
-        self._producer.send(self.topic, key=WEIGHTS_KEY, value=record.value()).get(timeout=SEND_TIMEOUT_S)
+        with refusals_named(f"publishing weights version {version} to {self.topic}", self._conn):
+            self._producer.send(self.topic, key=WEIGHTS_KEY, value=record.value()).get(timeout=SEND_TIMEOUT_S)
         self._last = version
         logger.info("published weights version=%d step=%d topic=%s", version, step, self.topic)
         return record

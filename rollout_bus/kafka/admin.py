@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kafka.admin import ConfigResource, ConfigResourceType
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import AuthorizationError, KafkaError, TopicAlreadyExistsError
 
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
@@ -75,6 +75,12 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         if present:
             raise_record_limits(admin, present, int(configs[MAX_MESSAGE_BYTES]))
         return list(missing)
+    except AuthorizationError as exc:  # a secured cluster: the stages' principals create no topics
+        raise BrokerError(f"{type(exc).__name__} at {client_kwargs.get('bootstrap_servers')!r}: the principal "
+                          f"{client_kwargs.get('sasl_plain_username')!r} may not create or configure the topics "
+                          f"{', '.join(sorted(wanted))}: on a cluster with ACLs an administrator creates them first "
+                          f"(`rollout-bus topics create` as admin), and each role gets its ACLs "
+                          f"(`rollout-bus acl apply`)") from exc
     except KafkaError as exc:
         raise BrokerError(f"creating topics at {client_kwargs.get('bootstrap_servers')!r} failed: {exc!r}") from exc
     finally:
@@ -114,12 +120,12 @@ def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float | None, *, 
             now = time.monotonic()
             if timeout_s is not None and now - began >= timeout_s:
                 raise BrokerError(f"no Kafka cluster answered at {servers!r} within {timeout_s:.0f}s: "
-                                  f"{diagnose(servers or '')} ({exc})") from exc
+                                  f"{diagnose(servers or '', connection=client_kwargs)} ({exc})") from exc
             if last_log is None or now - last_log >= log_every_s:
                 last_log = now
                 limit = f"gives up after {timeout_s:.0f}s" if timeout_s is not None else "until it answers"
                 logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs: %s (retrying %s)",
-                               servers, now - began, diagnose(servers or ""), limit)
+                               servers, now - began, diagnose(servers or "", connection=client_kwargs), limit)
         left = 1.0 if timeout_s is None else timeout_s - (time.monotonic() - began)
         time.sleep(min(1.0, max(0.0, left)))
 

@@ -32,6 +32,7 @@ from kafka.structs import OffsetAndMetadata
 from rollout_bus.errors import BrokerError, MissingTopicError
 from rollout_bus.kafka.limits import consumer_config
 from rollout_bus.kafka.reachability import diagnose
+from rollout_bus.kafka.refusals import is_refusal, refusal
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
@@ -63,14 +64,28 @@ def new_producer(source: KafkaSettings | Mapping[str, Any], **config: Any) -> Ka
         return KafkaProducer(**{**conn, **config})
     except KafkaError as exc:
         raise BrokerError(f"cannot create a producer for bootstrap_servers={_servers(conn)!r}: "
-                          f"{diagnose(_servers(conn))}: {exc}") from exc
+                          f"{diagnose(_servers(conn), connection=conn)}: {exc}") from exc
+
+
+class Consumer(KafkaConsumer):
+    """kafka-python's consumer, except that a poll the cluster refuses (a topic or group this principal may
+    not read) raises ``AccessDenied`` naming the topics and the principal, not the fetcher's own error."""
+
+    def poll(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().poll(*args, **kwargs)
+        except KafkaError as exc:
+            if not is_refusal(exc):
+                raise
+            topics = sorted({tp.topic for tp in self.assignment()} | set(self.subscription() or ()))
+            raise refusal(exc, f"reading {', '.join(topics) or 'topics'}", self.config) from exc
 
 
 def new_consumer(source: KafkaSettings | Mapping[str, Any], *topics: str,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES, **config: Any) -> KafkaConsumer:
     """A kafka-python consumer sized for ``max_record_bytes`` (auto-commit off unless ``config`` says)."""
     merged = {**connection(source), "enable_auto_commit": False, **consumer_config(max_record_bytes), **config}
-    return KafkaConsumer(*topics, **merged)
+    return Consumer(*topics, **merged)
 
 
 def group_less_consumer(source: KafkaSettings | Mapping[str, Any], *, client_id: str = "rollout-bus-reader",
@@ -89,7 +104,7 @@ def new_admin(source: KafkaSettings | Mapping[str, Any], *, client_id: str = "ro
     try:
         return KafkaAdminClient(**{**conn, "client_id": client_id, **config})
     except KafkaError as exc:
-        raise BrokerError(f"cannot reach the cluster at {_servers(conn)!r}: {diagnose(_servers(conn))}: {exc}") from exc
+        raise BrokerError(f"cannot reach the cluster at {_servers(conn)!r}: {diagnose(_servers(conn), connection=conn)}: {exc}") from exc
 
 
 def _ssl_context(conn: Mapping[str, Any]) -> ssl.SSLContext | None:

@@ -37,7 +37,7 @@ from typing import TypeVar
 
 from kafka import errors as kafka_errors
 
-from rollout_bus.errors import BrokerError, MissingTopicError, Stopped, Unavailable
+from rollout_bus.errors import AccessDenied, BrokerError, MissingTopicError, Stopped, Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ _TOO_LARGE: tuple[type[BaseException], ...] = tuple(
     cls for cls in (getattr(kafka_errors, name, None) for name in
                     ("MessageSizeTooLargeError", "RecordListTooLargeError", "RecordTooLargeError"))
     if cls is not None)
-_NEVER: tuple[type[BaseException], ...] = (kafka_errors.CommitFailedError,) + _TOO_LARGE
+_NEVER: tuple[type[BaseException], ...] = (kafka_errors.CommitFailedError, AccessDenied) + _TOO_LARGE
 
 
 def is_too_large(exc: BaseException | None) -> bool:

@@ -19,6 +19,7 @@ from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.clients import new_producer
 from rollout_bus.kafka.reader import read_topic
+from rollout_bus.kafka.refusals import refusals_named
 from rollout_bus.kafka.retry import retrying
 from rollout_bus.wire.run_record import RUN_BATCHING_KEY, RunBatching
 from rollout_bus.wire.topics import Topics
@@ -49,7 +50,8 @@ def _declare(conn: Mapping[str, Any], topics: Topics, ours: RunBatching, timeout
     if found is None:
         producer = new_producer(conn, acks="all")
         try:
-            producer.send(topics.run, key=RUN_BATCHING_KEY, value=ours.value(), partition=0).get(timeout=timeout_s)
+            with refusals_named(f"declaring the run's batching on {topics.run}", conn):
+                producer.send(topics.run, key=RUN_BATCHING_KEY, value=ours.value(), partition=0).get(timeout=timeout_s)
         finally:
             producer.close()
         found = _first_declaration(conn, topics.run, timeout_s)

@@ -43,7 +43,7 @@ from rollout_bus.wire.codec import encode_samples
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.clients import KafkaError, has_lz4, new_producer, wait_for_partitions
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
-from rollout_bus.kafka.refusals import explain
+from rollout_bus.kafka.refusals import explain, is_refusal, refusal
 from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
 from rollout_bus.wire.headers import TurnHeaders, check_generator_id
@@ -97,6 +97,7 @@ class TurnPublisher:
         self.bytes_sent = 0
         self._failures: list[BaseException] = []
         self._failed_count = 0
+        self._reasons_logged: set[str] = set()  # one ERROR line per distinct reason, not one per record
         self._lock = threading.Lock()
         self._closed = False
         self._pending = PendingRecords()
@@ -199,17 +200,24 @@ class TurnPublisher:
 
     def _on_failure(self, exc: BaseException) -> None:
         """Runs on the producer's I/O thread."""
+        reason = explain(exc)
         with self._lock:
             self._failed_count += 1
             if len(self._failures) < 5:
                 self._failures.append(exc)
-        logger.error("delivery failed topic=%s error=%s", self.topic, explain(exc))
+            first = reason not in self._reasons_logged and len(self._reasons_logged) < 5
+            self._reasons_logged.add(reason)
+        if first:  # a refused topic fails every record in flight: the count comes with the flush's error
+            logger.error("delivery failed topic=%s error=%s", self.topic, reason)
 
     def _raise_failures(self) -> None:
         with self._lock:
             count, failures = self._failed_count, list(self._failures)
             self._failed_count, self._failures = 0, []
         if count:
+            if is_refusal(failures[0]):
+                raise refusal(failures[0], f"publishing {count} record(s) to topic={self.topic}",
+                              self._producer.config) from failures[0]
             reasons = "; ".join(dict.fromkeys(explain(e) for e in failures))  # each reason once
             raise BrokerError(f"{count} record(s) to topic={self.topic} failed delivery: {reasons}") from failures[0]
 

@@ -312,7 +312,7 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
             seen_partitions[topic] = len(cluster.partitions_for_topic(topic) or ())
 
     watch = BrokerWatch(probe, ",".join(u.split("://", 1)[-1] for u in faust_brokers(client_kwargs)),
-                        timeout_s=BROKER_PROBE_TIMEOUT_S, why=partial(diagnose, timeout_s=1.5))
+                        timeout_s=BROKER_PROBE_TIMEOUT_S, why=partial(diagnose, timeout_s=1.5, connection=client_kwargs))
 
     @app.timer(interval=BROKER_WATCH_INTERVAL_S)
     async def _watch_broker() -> None:

@@ -23,3 +23,20 @@ def test_a_subclass_from_another_library_is_matched_by_class_name():
         pass
 
     assert "check this host's clock" in explain(InvalidTimestampError("out of range"))
+
+
+def test_the_authorization_refusals_of_a_secured_cluster_say_what_to_check():
+    from kafka.errors import (ClusterAuthorizationFailedError, GroupAuthorizationFailedError,
+                              SaslAuthenticationFailedError, TopicAuthorizationFailedError)
+
+    assert "check its ACLs, or the --topic-prefix" in explain(TopicAuthorizationFailedError("rollout.weights"))
+    assert "consumer group: check its ACLs" in explain(GroupAuthorizationFailedError("rollout-bus-shards"))
+    assert "may write no topic" in explain(ClusterAuthorizationFailedError())
+    assert "ROLLOUT_BUS_SASL_PASSWORD_FILE" in explain(SaslAuthenticationFailedError("bad login"))
+
+
+def test_a_generic_client_error_that_names_the_brokers_refusal_gets_its_hint():
+    from kafka.errors import KafkaError
+
+    text = explain(KafkaError("Unexpected error in InitProducerIdResponse: [Error 31] ClusterAuthorizationFailedError"))
+    assert text.endswith("check its role's ACLs") and text.startswith("KafkaError: Unexpected error")
