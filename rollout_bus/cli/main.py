@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from rollout_bus.cli import options
-from rollout_bus.cli import (demo, end_run, exporter, generate, inspect, kafka, replay, report, shards, stream, tail,
+from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, replay, report, shards, stream, tail,
                              topics, train, train_sim)
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(kafka.app, name="kafka")
 app.add_typer(topics.app, name="topics")
+app.add_typer(acl.app, name="acl")
 app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("end-run")(end_run.end_run)
