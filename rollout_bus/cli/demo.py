@@ -9,7 +9,7 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.config import BatchingSettings, KafkaSettings
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import BrokerError, ConfigError
 from rollout_bus.kafka.dev.local_broker import BrokerLease
 from rollout_bus.tools.demo import DemoOptions, run_demo
 
@@ -48,6 +48,9 @@ def demo(
                                                       "(implies --train; default --max-staleness 1, 8 groups of 8 "
                                                       "per batch); exit 0 only if the reward rises."),
     port: int = options.PORT,
+    secure: bool = typer.Option(False, "--secure", help="On a secured local broker (TLS, SCRAM, ACLs: `rollout-bus "
+                                                        "kafka start --secure`, its data in broker-PORT-secure), each "
+                                                        "stage as its role's principal with the run's ACLs only."),
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
 
@@ -75,11 +78,20 @@ def demo(
                               dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
                               timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
                               interrupt_prob=interrupt_prob, learn=learn)
+    if secure and settings.bootstrap_servers:
+        console.print("[red]error:[/red] --secure runs on the secured local broker it starts; for a cluster of your "
+                      "own, give its security settings (ROLLOUT_BUS_SECURITY_PROTOCOL, ...) without --secure")
+        raise typer.Exit(2)
     try:
-        with BrokerLease(settings.bootstrap_servers or None, port=port,
-                         echo=lambda m: console.print(f"[dim]{m}[/dim]")) as bootstrap:
-            code = run_demo({**settings.client_kwargs(), "bootstrap_servers": bootstrap}, run_options, console)
-    except BrokerError as exc:
+        lease = BrokerLease(settings.bootstrap_servers or None, port=port, secure=secure,
+                            echo=lambda m: console.print(f"[dim]{m}[/dim]"))
+        with lease as bootstrap:
+            if secure:  # the demo itself is the admin; its stages are the roles
+                conn, run_options.principals = lease.broker.connection(), lease.broker.secure.directory
+            else:
+                conn = {**settings.client_kwargs(), "bootstrap_servers": bootstrap}
+            code = run_demo(conn, run_options, console)
+    except (BrokerError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
     raise typer.Exit(code)

@@ -30,7 +30,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_bus.config import BatchingSettings
+from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.dev.secure import SecureSetup
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.observe.learning import learning_curve, reward_charts
@@ -72,6 +74,9 @@ class DemoOptions:
     # the real loop: the policy generates (generate --engine policy) and `rollout-bus train` trains it, shipping
     # each version back; needs ``train`` and a staleness bound, and succeeds only if the reward rises
     learn: bool = False
+    # a secured cluster's principals (``kafka.dev.secure.SecureSetup``'s directory): each stage runs as its role's
+    # principal with that role's ACLs on the run's prefix; the demo itself is ``client_kwargs``' (an admin)
+    principals: Path | None = None
 
 
 def batching_args(batching: BatchingSettings) -> list[str]:
@@ -100,6 +105,18 @@ class DemoRun:
         self.summary_path = self.out / "generator-summary.json"
         self.train_dir = self.out / "train"
         self.stages: dict[str, StageProcess] = {}
+        self.roles = SecureSetup(options.principals) if options.principals else None
+
+    def _as(self, role: str) -> dict[str, str] | None:
+        """The environment that makes a stage process ``role``'s principal (None: the demo's own settings)."""
+        return self.roles.client_env(role, self.kwargs["bootstrap_servers"]) if self.roles else None
+
+    def grant_roles(self) -> int:
+        """Each role's principal gets its ACLs on this run's topics and groups; return how many."""
+        if self.roles is None:
+            return 0
+        return apply_bindings(self.kwargs, [(role, b) for role in ROLES for b in role_bindings(
+            role, role, self.topics, stream_app_id=STREAM_APP_ID, shards_group=SHARDS_GROUP_ID)])
 
     def _common(self) -> list[str]:
         return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]
@@ -120,15 +137,15 @@ class DemoRun:
             name, suffix = ("stream", "") if i == 1 else (f"stream-{i}", f"-{i}")
             self.stages[name] = StageProcess(name, "stream", [
                 *self._common(), "--app-id", STREAM_APP_ID,
-                "--data-dir", str(self.out / f"faust{suffix}")], logs / f"{name}.log")
+                "--data-dir", str(self.out / f"faust{suffix}")], logs / f"{name}.log", env=self._as("stream"))
         self.stages["shards"] = StageProcess("shards", "shards", [
             *self._common(), "--out", str(self.out / "shards"), "--dp-size", str(o.dp_size),
             *batching_args(o.batching), "--group-id", SHARDS_GROUP_ID, "--exit-on-end-of-run"],
-            logs / "shards.log")
+            logs / "shards.log", env=self._as("shards"))
         if o.train:
             self.stages["train"] = StageProcess("train", "train" if o.learn else "train_sim", [
                 *self._common(), "--ranks", "all", "--dp-size", str(o.dp_size), "--checkpoint-dir",
-                str(self.train_dir), "--timeout", str(o.timeout_s)], logs / "train.log")
+                str(self.train_dir), "--timeout", str(o.timeout_s)], logs / "train.log", env=self._as("trainer"))
         if not generator:
             return
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
@@ -140,12 +157,13 @@ class DemoRun:
                     *(["--engine", "policy", *(f for k, v in LEARN_SAMPLING.items()
                                                 for f in (f"--{k.replace('_', '-')}", str(v)))] if o.learn else []),
                     *o.generator_args]
-        self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log")
+        self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log",
+                                               env=self._as("generator"))
 
     def restart(self, name: str) -> StageProcess:
         """Start a stage again with the same arguments (after a crash drill killed it)."""
         old = self.stages[name]
-        self.stages[name] = StageProcess(name, old.module, old.args, old.log_path)
+        self.stages[name] = StageProcess(name, old.module, old.args, old.log_path, env=old.env)
         return self.stages[name]
 
     def stop_stages(self) -> None:
@@ -245,6 +263,9 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
     run = DemoRun(client_kwargs, options, console)
     created = ensure_topics(client_kwargs, run.topics, max_record_bytes=options.max_record_bytes)
     console.print(f"run {run.run_id}: topics {run.topics.prefix}rollout.* ({len(created)} created), out {run.out}")
+    if run.roles is not None:
+        console.print(f"secured: each stage is its role's principal; {run.grant_roles()} ACLs on "
+                      f"{run.topics.prefix}rollout.* and the run's groups")
     began = time.monotonic()
     watcher = TopicWatcher(client_kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq],
                            [run.topics.dlq, run.topics.metrics], data_topics=[run.topics.turns, run.topics.episodes])

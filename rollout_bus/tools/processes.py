@@ -15,6 +15,7 @@ class StageProcess:
     def __init__(self, name: str, module: str, args: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.name = name
         self.module, self.args = module, list(args)
+        self.env = env
         self.log_path = log_path
         self.command = [sys.executable, "-m", f"rollout_bus.cli.{module}", *args]
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,13 +20,16 @@ Drill = Callable[[DemoRun, TopicWatcher], None]
 
 
 def run_pipeline(bootstrap: str, out: Path, *, seed: int = 7, episodes: int = 24, drill: Drill | None = None,
-                 **options) -> tuple[DemoRun, Reconciliation]:
-    """One run on fresh topics; returns the run and its reconciliation (asserting the run finished)."""
+                 conn: dict | None = None, **options) -> tuple[DemoRun, Reconciliation]:
+    """One run on fresh topics; returns the run and its reconciliation (asserting the run finished).
+    ``conn``: the harness's own connection (a secured cluster's admin; the stages are then the roles of
+    ``options["principals"]``, granted their ACLs on the run's topics as ``demo --secure`` does)."""
     opts = DemoOptions(episodes=episodes, seed=seed, out=out, n_samples_per_prompt=4,
                        batching=BatchingSettings(groups_per_batch=2),
                        dp_size=2, timeout_s=240.0, **options)
-    run = DemoRun({"bootstrap_servers": bootstrap}, opts, Console(file=io.StringIO()))
+    run = DemoRun(conn or {"bootstrap_servers": bootstrap}, opts, Console(file=io.StringIO()))
     ensure_topics(run.kwargs, run.topics)
+    run.grant_roles()
     watcher = TopicWatcher(run.kwargs, [run.topics.turns, run.topics.episodes, run.topics.dlq], [run.topics.dlq],
                            data_topics=[run.topics.turns, run.topics.episodes])
     try:
