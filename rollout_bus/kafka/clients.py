@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.codec import has_lz4
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from rollout_bus.errors import BrokerError, MissingTopicError
 from rollout_bus.kafka.limits import consumer_config
 from rollout_bus.kafka.reachability import diagnose
-from rollout_bus.kafka.refusals import is_refusal, refusal
+from rollout_bus.kafka.refusals import is_refusal, refusal, refusals_named
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 
 if TYPE_CHECKING:
@@ -161,17 +161,40 @@ def faust_credentials(source: KafkaSettings | Mapping[str, Any]) -> Any:
     return faust.SSLCredentials(context)
 
 
+def _check_visible(config: Mapping[str, Any], topic: str) -> None:
+    """``AccessDenied`` when a principal's request for ``topic`` by name is refused. A cluster with ACLs leaves
+    a topic its principal may not DESCRIBE out of the metadata, as if it did not exist (and answers a request by
+    name with the same refusal whether it exists or not), so a consumer would otherwise wait for it in vain."""
+    if not config.get("sasl_plain_username"):
+        return
+    conn = {k: v for k, v in config.items() if v is not None and (k == "bootstrap_servers"
+                                                                   or k.startswith(("security_", "sasl_", "ssl_")))}
+    admin = new_admin(conn, client_id="rollout-bus-topic-check")
+    try:
+        described = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    if any(t.get("error_code") == 29 for t in described):  # TOPIC_AUTHORIZATION_FAILED
+        raise refusal(TopicAuthorizationFailedError(topic), f"looking up {topic}", conn)
+
+
 def wait_for_partitions(client: KafkaConsumer | KafkaProducer, topic: str, *,
                         timeout_s: float = PARTITIONS_WAIT_S) -> list[int]:
     """The topic's partitions, waiting up to ``timeout_s`` for them to appear in the metadata;
-    ``MissingTopicError`` naming the topic after that."""
+    ``MissingTopicError`` naming the topic after that, ``AccessDenied`` at once when the principal may not
+    see it (``_check_visible``)."""
     deadline = time.monotonic() + timeout_s
+    asked = False
     while True:
         if isinstance(client, KafkaProducer):
-            found = client.partitions_for(topic)
+            with refusals_named(f"looking up {topic}", client.config):
+                found = client.partitions_for(topic)
         else:
             found = client.partitions_for_topic(topic)
             if not found:
+                if not asked:
+                    asked = True
+                    _check_visible(client.config, topic)
                 client.topics()  # refreshes the cluster metadata
         if found:
             return sorted(found)
