@@ -106,12 +106,12 @@ def _kill_broker(broker: LocalBroker) -> int:
     return pid
 
 
-def broker_down(seconds: float, how: str) -> Fault:
-    """The single broker killed (``how="kill"``: kill -9) or stopped (``"stop"``: SIGTERM, a clean
-    shutdown) mid-run, and started again ``seconds`` later on the same data."""
+def broker_down(seconds: float, how: str, target: str = "single") -> Fault:
+    """The single broker (``target="secure"``: the secured one) killed (``how="kill"``: kill -9) or stopped
+    (``"stop"``: SIGTERM, a clean shutdown) mid-run, and started again ``seconds`` later on the same data."""
 
     def fault(ctx: FaultContext) -> None:
-        broker = ctx.brokers.single
+        broker = ctx.brokers.node(target)
         what = _mid_run(ctx)
         if how == "kill":
             _kill_broker(broker)

@@ -43,7 +43,9 @@ from typing import Any, Callable
 
 from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
 from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.dev.secure import SecureSetup
 from rollout_bus.tools.accounting import Reconciliation, reconcile
 from rollout_bus.tools.processes import StageProcess
 from rollout_bus.kafka.reader import TopicWatcher
@@ -123,8 +125,13 @@ class ChaosRun:
     """The three stages of one run, on topics of its own, watched until accounted for."""
 
     def __init__(self, bootstrap: str, workload: Workload, out: Path, *, label: str,
-                 replication_factor: int = 1, stage_env: dict[str, str] | None = None):
+                 replication_factor: int = 1, stage_env: dict[str, str] | None = None,
+                 conn: dict[str, Any] | None = None, roles: SecureSetup | None = None):
         self.bootstrap, self.workload, self.out = bootstrap, workload, Path(out)
+        # the harness's own connection (a secured cluster's admin); with ``roles`` each stage is its role's
+        # principal, granted that role's ACLs on the run's topics and groups only
+        self.conn = conn or {"bootstrap_servers": bootstrap}
+        self.roles = roles
         self.run_id = f"{label}-{uuid.uuid4().hex[:6]}"
         self.topics = Topics(prefix=f"chaos-{self.run_id}.")
         self.summary_path = self.out / "generator-summary.json"  # the first generator's; see summary_paths
@@ -165,10 +172,13 @@ class ChaosRun:
     def start(self) -> None:
         """Create the topics (with the cluster's replication), the watcher, then every stage."""
         self.out.mkdir(parents=True, exist_ok=True)
-        kwargs = {"bootstrap_servers": self.bootstrap}
-        ensure_topics(kwargs, self.topics, replication_factor=self.replication_factor)
+        ensure_topics(self.conn, self.topics, replication_factor=self.replication_factor)
+        if self.roles is not None:
+            apply_bindings(self.conn, [(role, b) for role in ROLES for b in role_bindings(
+                role, role, self.topics, stream_app_id=f"chaos-{self.run_id}-stream",
+                shards_group=f"chaos-{self.run_id}-shards")])
         t = self.topics
-        self.watcher = TopicWatcher({**kwargs, **WATCH_CLIENT}, [t.turns, t.episodes], [t.dlq])
+        self.watcher = TopicWatcher({**self.conn, **WATCH_CLIENT}, [t.turns, t.episodes], [t.dlq])
         for name in self.stage_order():
             self._launch(name)
 
@@ -179,7 +189,14 @@ class ChaosRun:
     def _launch(self, name: str) -> None:
         module = "generate" if name.startswith("generate") else name
         self.stages[name] = StageProcess(name, module, self._stage_args(name), self.out / "logs" / f"{name}.log",
-                                         env=self.stage_env)
+                                         env=self._env(module))
+
+    def _env(self, module: str) -> dict[str, str]:
+        """A stage's environment: for a secured run, its role's settings (the password by file)."""
+        if self.roles is None:
+            return self.stage_env
+        role = {"generate": "generator", "end_run": "generator"}.get(module, module)
+        return {**self.stage_env, **self.roles.client_env(role, self.bootstrap)}
 
     # -- faults on stages (called from the fault thread) -------------------------------------------
 
@@ -258,7 +275,8 @@ class ChaosRun:
         command = [sys.executable, "-m", "rollout_bus.cli.end_run", "--bootstrap-servers", self.bootstrap,
                    "--topic-prefix", self.topics.prefix, "--run-id", self.run_id]
         with open(self.out / "logs" / "end-run.log", "ab") as log:
-            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.stage_env},
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **self._env("end_run")},
                                   timeout=120).returncode
         if code:
             raise RuntimeError(f"rollout-bus end-run exited {code} (logs/end-run.log)")

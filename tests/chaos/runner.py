@@ -73,9 +73,28 @@ class Brokers:
         self.single = LocalBroker(port=port or free_ports(1)[0], data_dir=work_dir / "broker")
         self._cluster_ports = cluster_ports
         self.cluster: LocalCluster | None = None
+        self.secured: LocalBroker | None = None  # TLS, SCRAM and ACLs (``kafka start --secure``), on first use
         self._single_started = False
 
+    def node(self, target: str) -> LocalBroker:
+        """The single-node broker a fault acts on: the plain one, or the secured one."""
+        if target == "secure":
+            assert self.secured is not None, "the secured broker was never started"
+            return self.secured
+        return self.single
+
+    def connection(self, target: str) -> dict:
+        """The harness's own client settings for ``target`` (on the secured broker: its admin)."""
+        if target == "secure":
+            return self.node(target).connection()
+        return {"bootstrap_servers": self.bootstrap(target)}
+
     def bootstrap(self, target: str) -> str:
+        if target == "secure":
+            if self.secured is None:
+                self.secured = LocalBroker(port=free_ports(1)[0], data_dir=self.work_dir / "broker-secure", secure=True)
+            self.secured.start(echo=lambda _m: None)
+            return self.secured.bootstrap
         if target == "cluster":
             if self.cluster is None:
                 ports = self._cluster_ports or free_ports(3)
@@ -92,10 +111,14 @@ class Brokers:
             self.single.start(echo=lambda _m: None)
         if self.cluster is not None:
             self.cluster.start()
+        if self.secured is not None:
+            self.secured.start(echo=lambda _m: None)
 
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
+        if self.secured is not None:
+            self.secured.stop()
         if self._single_started:
             self.single.stop()
 
@@ -106,7 +129,8 @@ def _execute(name: str, workload: Workload, scenario: Scenario | None, brokers: 
     target = scenario.target if scenario else "single"
     began = time.monotonic()
     run = ChaosRun(brokers.bootstrap(target), workload, out, label=name,
-                   replication_factor=3 if target == "cluster" else 1)
+                   replication_factor=3 if target == "cluster" else 1, conn=brokers.connection(target),
+                   roles=brokers.node(target).secure if target == "secure" else None)
     ctx = FaultContext(run, expected, brokers)
     try:
         if scenario is not None and scenario.setup is not None:

@@ -42,7 +42,9 @@ class Scenario:
     description: str
     workload: Workload
     fault: Fault | None
-    target: str = "single"  # "single": the runner's own broker; "cluster": its three-node cluster
+    # "single": the runner's own broker; "cluster": its three-node cluster; "secure": its secured broker (TLS,
+    # SCRAM, ACLs), each stage as its role's principal; its shards are compared with the plaintext baseline's
+    target: str = "single"
     progress: Signal = BATCHES  # what must grow again after the fault is lifted
     timeout_s: float = 300.0
     condition: Callable[[ChaosRun], bool] = _always  # besides reconciliation, before the run is done
@@ -82,6 +84,9 @@ FULL = [
     _pause("shards", 15),
     Scenario("broker-kill-30s", "the broker killed (kill -9) mid-run, started again 30 s later", STANDARD,
              faults.broker_down(30, "kill"), timeout_s=420),
+    Scenario("secure-broker-kill-30s", "the secured broker (TLS, SCRAM, ACLs; each stage its role's principal) "
+             "killed (kill -9) mid-run, started again 30 s later", STANDARD, faults.broker_down(30, "kill", "secure"),
+             target="secure", timeout_s=420),
     Scenario("broker-outage-120s", "the broker stopped mid-run, started again 120 s later", STANDARD,
              faults.broker_down(120, "stop"), timeout_s=600),
     Scenario("cluster-leader-kill", "3-node cluster: kill -9 of the leader of turns:0 mid-run (back 20 s later; "
@@ -117,6 +122,9 @@ QUICK = [
     _malformed(1_000, SMALL, "quick-malformed-1k"),
     Scenario("quick-broker-kill-10s", "the broker killed (kill -9) mid-run, started again 10 s later", SMALL,
              faults.broker_down(10, "kill")),
+    Scenario("quick-secure-broker-kill-10s", "the secured broker (TLS, SCRAM, ACLs; each stage its role's "
+             "principal) killed (kill -9) mid-run, started again 10 s later", SMALL,
+             faults.broker_down(10, "kill", "secure"), target="secure"),
 ]
 
 BY_NAME = {s.name: s for s in FULL + QUICK}
