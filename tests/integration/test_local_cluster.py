@@ -11,9 +11,14 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from rollout_bus.errors import ConfigError
+from rollout_bus.errors import AccessDenied, ConfigError
+from rollout_bus.feed.weights import WeightPublisher
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.clients import new_producer
 from rollout_bus.kafka.dev.local_broker import port_is_free
 from rollout_bus.kafka.dev.local_cluster import LocalCluster, cluster_properties, free_ports
+from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.wire.topics import Topics
 
 TOPIC = "cluster-drill"
 RECORDS_PER_PHASE = 300
@@ -104,3 +109,39 @@ def test_a_killed_leader_loses_no_acknowledged_record_and_rejoins_after_restart(
     finally:
         cluster.stop()
     assert all(port_is_free(p) and port_is_free(p + 1) for p in ports)
+
+
+def test_a_secured_cluster_replicates_over_tls_keeps_its_acls_and_serves_through_a_killed_node(tmp_path):
+    cluster = LocalCluster(free_ports(3), tmp_path / "cluster", echo=lambda _msg: None, secure=True)
+    cluster.start()
+    try:
+        setup = cluster.secure
+        log = "".join(n.log_file.read_text(errors="replace") for n in cluster.nodes.values())
+        assert "SASL_SSL" in log and not [u for u in setup.users() if setup.password(u) in log]
+        topics = Topics()  # the roles' ACLs are on the unprefixed topics
+        ensure_topics(cluster.connection(), topics, replication_factor=3)
+        generator = setup.client_kwargs("generator", cluster.bootstrap)
+        producer = new_producer(generator, acks="all", retry_backoff_ms=200)
+        for i in range(RECORDS_PER_PHASE):
+            producer.send(topics.turns, key=b"k", value=str(i).encode())
+        producer.flush(timeout=60)
+        leader = cluster.leader(topics.turns, 0)
+        cluster.kill(leader)  # replicated over the secured inter-broker listener: nothing is lost
+        reader = TopicReader(setup.client_kwargs("observer", cluster.live_bootstrap()), [topics.turns])
+        try:
+            values: list[int] = []
+            deadline = time.monotonic() + 90
+            while len(values) < RECORDS_PER_PHASE and time.monotonic() < deadline:
+                values += [int(r.value) for r in reader.poll(timeout_ms=500)[topics.turns]]
+        finally:
+            reader.close()
+        assert sorted(values) == list(range(RECORDS_PER_PHASE))
+        producer.close()
+        weights = WeightPublisher({**generator, "bootstrap_servers": cluster.live_bootstrap()}, topics)
+        try:
+            with pytest.raises(AccessDenied):
+                weights.publish(1, 1)
+        finally:
+            weights.close()
+    finally:
+        cluster.stop()

@@ -12,7 +12,10 @@ Contract: ``start`` launches the nodes that are down, together (a lone node cann
 and returns once every node answers a metadata request; ``stop`` stops them all. ``kill(node)``
 is kill -9, ``stop_node``/``start_node`` are a clean stop and a start of one node; ``leader`` says
 which node leads a topic-partition; ``rolling_restart`` restarts every node in turn, waiting until
-every partition is fully replicated again before the next.
+every partition is fully replicated again before the next. ``LocalCluster(..., secure=True)`` is secured
+as ``LocalBroker(secure=True)`` is (``kafka.dev.secure``): one CA, broker certificate and set of principals
+for all nodes, the nodes talking to each other over TLS (controllers) and SASL_SSL as ``admin`` (brokers),
+each role granted its ACLs once every node is up; ``connection()`` is the admin's client settings.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rollout_bus.errors import BrokerError, ConfigError, must_be
 from rollout_bus.kafka.dev import runtime
-from rollout_bus.kafka.dev.local_broker import (LOG4J2, BrokerStatus, LocalBroker, _alive, format_storage, new_cluster_id,
-                                            port_is_free, server_properties)
+from rollout_bus.kafka.dev.certificates import write_private
+from rollout_bus.kafka.dev.local_broker import (LOG4J2, BrokerStatus, LocalBroker, _alive, format_storage,
+                                                new_cluster_id, port_is_free, server_properties)
+from rollout_bus.kafka.dev.secure import ADMIN, SecureSetup
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +54,12 @@ CLUSTER_SETTINGS = {
 }
 
 
-def cluster_properties(node_id: int, port: int, data: Path, voters: str) -> str:
-    """The single-node configuration of ``server_properties`` with this node's id, the static
-    voters and the cluster's replication defaults."""
-    settings = dict(line.split("=", 1) for line in server_properties(port, port + 1, data).splitlines() if "=" in line)
+def cluster_properties(node_id: int, port: int, data: Path, voters: str,
+                       overrides: dict[str, str] | None = None) -> str:
+    """The single-node configuration of ``server_properties`` (with ``overrides``: a secured node's) with this
+    node's id, the static voters and the cluster's replication defaults."""
+    settings = dict(line.split("=", 1) for line in server_properties(port, port + 1, data, overrides).splitlines()
+                    if "=" in line)
     settings.update(CLUSTER_SETTINGS)
     settings["node.id"] = str(node_id)
     settings["controller.quorum.voters"] = voters
@@ -64,19 +71,27 @@ class ClusterNode(LocalBroker):
 
     heap = NODE_HEAP
 
-    def __init__(self, node_id: int, port: int, data_dir: Path, voters: str, cluster_id: Callable[[], str]):
+    def __init__(self, node_id: int, port: int, data_dir: Path, voters: str, cluster_id: Callable[[], str],
+                 secure: SecureSetup | None = None):
         super().__init__(port=port, data_dir=data_dir)
         self.node_id = node_id
         self.voters = voters
         self._cluster_id = cluster_id
+        self.secure = secure  # the cluster's material, one for every node (the certificate names 127.0.0.1)
 
     def _prepare(self, java: str, libs: Path) -> None:
-        """Write this node's configuration; format its storage with the cluster's id once."""
+        """Write this node's configuration; format its storage with the cluster's id (and, secured, every
+        principal's credentials) once."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.properties.write_text(cluster_properties(self.node_id, self.port, self.data_dir, self.voters))
+        overrides = self.secure.server_settings(self.port, self.controller_port) if self.secure else None
+        write_private(self.properties, cluster_properties(self.node_id, self.port, self.data_dir, self.voters, overrides))
         (self.data_dir / "log4j2.properties").write_text(LOG4J2)
         if not (self.data_dir / "data" / "meta.properties").exists():
-            format_storage(java, libs, self.properties, self._cluster_id())
+            format_storage(java, libs, self.properties, self._cluster_id(),
+                           self.secure.scram_format_args() if self.secure else ())
+
+    def _secure_roles(self) -> None:
+        """The cluster grants the roles once every node is up (``LocalCluster.start``)."""
 
     def pid(self) -> int | None:
         return self._recorded_pid()
@@ -101,7 +116,7 @@ class LocalCluster:
     """
 
     def __init__(self, ports: tuple[int, ...] | list[int] | None = None, data_dir: Path | str | None = None,
-                 echo: Callable[[str], None] = print, *, base_port: int | None = None):
+                 echo: Callable[[str], None] = print, *, base_port: int | None = None, secure: bool = False):
         if (ports is None) == (base_port is None):
             raise ConfigError(must_be("ports or base_port", "exactly one of them", (ports, base_port)))
         if base_port is not None:
@@ -115,7 +130,10 @@ class LocalCluster:
         self.data_dir = Path(data_dir).expanduser() if data_dir else runtime.cache_root() / f"cluster-{ports[0]}"
         self.echo = echo
         voters = ",".join(f"{i}@127.0.0.1:{p + 1}" for i, p in enumerate(ports, start=1))
-        self.nodes = {i: ClusterNode(i, p, self.data_dir / f"node-{i}", voters, self._cluster_id)
+        # secured as ``LocalBroker(secure=True)`` is, and for good once its material exists
+        material = self.data_dir / "secure"
+        self.secure = SecureSetup(material) if secure or material.exists() else None
+        self.nodes = {i: ClusterNode(i, p, self.data_dir / f"node-{i}", voters, self._cluster_id, self.secure)
                       for i, p in enumerate(ports, start=1)}
 
     @property
@@ -141,6 +159,11 @@ class LocalCluster:
             raise ConfigError(must_be("node id", f"one of {sorted(self.nodes)}", node_id))
         return self.nodes[node_id]
 
+    def connection(self, bootstrap: str | None = None) -> dict[str, Any]:
+        """kafka-python keywords of a client of the cluster (secured: its ``admin`` principal)."""
+        bootstrap = bootstrap or self.bootstrap
+        return self.secure.client_kwargs(ADMIN, bootstrap) if self.secure else {"bootstrap_servers": bootstrap}
+
     def live_bootstrap(self) -> str:
         """Bootstrap servers of the nodes whose process runs (all of them when none does)."""
         live = [n.bootstrap for n in self.nodes.values() if n.pid() is not None]
@@ -153,6 +176,8 @@ class LocalCluster:
         """Start every node that is down, in parallel (a quorum needs two voters), and wait for all."""
         self._cluster_id()  # before the threads: one id, written once
         runtime.ensure_jars(echo=self.echo)
+        if self.secure is not None:  # one CA, certificate and set of principals, before any node formats
+            self.secure.prepare(runtime.java_executable())
         errors: dict[int, BaseException] = {}
 
         def start_one(node: ClusterNode) -> None:
@@ -171,7 +196,17 @@ class LocalCluster:
             self.stop()
             raise BrokerError("the local cluster did not start: " + "; ".join(
                 f"node {i}: {exc}" for i, exc in sorted(errors.items())))
+        if self.secure is not None:
+            self._secure_roles()
         logger.info("local cluster up bootstrap=%s seconds=%.1f", self.bootstrap, time.monotonic() - began)
+
+    def _secure_roles(self) -> None:
+        """Each role's principal gets its ACLs for unprefixed topics, every principal its settings file."""
+        from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings  # the admin client: only here
+        from rollout_bus.wire.topics import Topics
+
+        self.secure.write_client_files(self.bootstrap)
+        apply_bindings(self.connection(), [(role, b) for role in ROLES for b in role_bindings(role, role, Topics())])
 
     def stop(self, timeout_s: float = 20.0, last_timeout_s: float = 5.0) -> None:
         """Stop every node, one after another (SIGKILL for one that lingers past ``timeout_s``).
@@ -219,7 +254,7 @@ class LocalCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                admin = new_admin({"bootstrap_servers": self.live_bootstrap()}, client_id="rollout-bus-cluster",
+                admin = new_admin(self.connection(self.live_bootstrap()), client_id="rollout-bus-cluster",
                                   request_timeout_ms=5_000)
                 try:
                     return admin.describe_topics(topics)
