@@ -26,6 +26,10 @@ Modes (combine freely; each adds its rows after the default ones):
         several seconds)
     .venv/bin/python bench/pipeline.py --latency --paced-runs 5
         five paced runs, each fresh, each with its own latency rows
+    .venv/bin/python bench/pipeline.py --secure [--secure-port 39392]
+        then the same raw bus and pipeline on a secured local broker (SASL_SSL with SCRAM-SHA-512, ACLs;
+        each stage its role's principal, the bench's own clients its admin): turns/s of each and
+        secured/plaintext for both
     .venv/bin/python bench/pipeline.py --memory
         also a fresh run at 4x --episodes (copies of the same episodes): peak RSS per stage at 1x and
         4x and 4x/1x (target <= 1.2)
@@ -84,6 +88,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pace", type=float, default=0.5, help="--latency's rate, a share of pipeline turns/s")
     parser.add_argument("--paced-runs", type=int, default=1, help="--latency: this many paced runs, each fresh")
     parser.add_argument("--memory", action="store_true", help="peak RSS per stage at --episodes and at 4x")
+    parser.add_argument("--secure", action="store_true", help="also raw bus and pipeline on a secured local broker")
+    parser.add_argument("--secure-port", type=int, default=39392, help="--secure: the secured broker's port")
     parser.add_argument("--bootstrap-servers", default=None)
     parser.add_argument("--keep-topics", action="store_true", help="do not delete each run's topics afterwards")
     parser.add_argument("--out", type=Path, default=Path(f"/tmp/rollout-bus-bench-{uuid.uuid4().hex[:6]}"))
@@ -119,33 +125,43 @@ def main() -> int:
     kw = {"keep_topics": args.keep_topics}
     extra = {}
     with BrokerLease(args.bootstrap_servers, echo=log) as bootstrap:
+        conn = {"bootstrap_servers": bootstrap}
         log("raw bus (before the pipeline) ...")
-        raw_before = raw_bus(bootstrap, records)
+        raw_before = raw_bus(conn, records)
         log(f"raw bus done in {raw_before:.2f}s; running the pipeline with {args.stream_workers} stream worker(s) ...")
-        result = pipeline_run(bootstrap, records, args.episodes, args.out / "pipeline", workers=args.stream_workers,
+        result = pipeline_run(conn, records, args.episodes, args.out / "pipeline", workers=args.stream_workers,
                               **kw)
         log("raw bus (after the pipeline) ...")
-        raw_after = raw_bus(bootstrap, records)
+        raw_after = raw_bus(conn, records)
         raw_s = min(raw_before, raw_after)  # the ceiling: the better of the runs either side of the pipeline
         log(f"raw bus runs: {raw_before:.2f}s before, {raw_after:.2f}s after the pipeline")
         by_workers = {args.stream_workers: result}
         for workers in args.compare_workers:
             if workers not in by_workers:
                 log(f"compare-workers: a fresh pipeline with {workers} stream worker(s) ...")
-                by_workers[workers] = pipeline_run(bootstrap, records, args.episodes,
+                by_workers[workers] = pipeline_run(conn, records, args.episodes,
                                                    args.out / f"workers-{workers}", workers=workers, **kw)
         if args.memory:
             log(f"memory: a fresh pipeline at 4x ({4 * args.episodes} episodes) ...")
             records_4x = workload.records(4 * copies)[0]
-            extra["memory"] = pipeline_run(bootstrap, records_4x, 4 * args.episodes, args.out / "memory-4x",
+            extra["memory"] = pipeline_run(conn, records_4x, 4 * args.episodes, args.out / "memory-4x",
                                            workers=args.stream_workers, **kw)
         if args.latency:
             rate = args.pace * len(records) / result["elapsed"]
             extra["latency"] = []
             for k in range(args.paced_runs):
                 log(f"latency: a fresh pipeline fed at {rate:.0f} turns/s (run {k + 1}/{args.paced_runs}) ...")
-                extra["latency"].append(pipeline_run(bootstrap, records, args.episodes, args.out / f"paced-{k + 1}",
+                extra["latency"].append(pipeline_run(conn, records, args.episodes, args.out / f"paced-{k + 1}",
                                                      workers=args.stream_workers, rate=rate, **kw))
+    if args.secure:
+        secure = BrokerLease(None, port=args.secure_port, echo=log, secure=True)
+        with secure:
+            conn = secure.broker.connection()
+            log(f"secured: raw bus as admin over SASL_SSL at {secure.broker.bootstrap} ...")
+            extra["secure_raw"] = raw_bus(conn, records)
+            log("secured: the pipeline, each stage as its role's principal ...")
+            extra["secure"] = pipeline_run(conn, records, args.episodes, args.out / "secure", workers=args.stream_workers,
+                                           principals=secure.broker.secure.directory, **kw)
     log(f"stage logs under {args.out}")
 
     pipe_s = result["elapsed"]
@@ -176,6 +192,13 @@ def main() -> int:
         print(f"peak memory at 4x ({4 * args.episodes} episodes): {memory_text(big)}")
         print("peak memory 4x / 1x: " + ", ".join(f"{k} {big[k] / v:.2f}" for k, v in result["memory"].items())
               + "  (target <= 1.2)")
+    if "secure" in extra:
+        sraw_tps, spipe_tps = len(records) / extra["secure_raw"], len(records) / extra["secure"]["elapsed"]
+        print(f"secured raw bus (SASL_SSL, SCRAM-SHA-512):  {sraw_tps:8.0f} turns/s  ({extra['secure_raw']:.2f}s)")
+        print(f"secured full pipeline (stages as roles):    {spipe_tps:8.0f} turns/s  "
+              f"({extra['secure']['elapsed']:.2f}s)")
+        print(f"secured / plaintext: raw bus {sraw_tps / raw_tps:.2f}x, pipeline {spipe_tps / pipe_tps:.2f}x")
+        latency_rows("secured ", extra["secure"])
     for k, paced in enumerate(extra.get("latency", [])):
         run = f" run {k + 1}/{args.paced_runs}" if args.paced_runs > 1 else ""
         print(f"paced{run} at {rate:.0f} turns/s ({args.pace:.0%} of {pipe_tps:.0f} turns/s; achieved "

@@ -80,9 +80,9 @@ def generate(name: str, distinct: int, seed: int) -> Workload:
     return workload
 
 
-def create_topics(bootstrap: str, specs: list[tuple[str, int, bool]]) -> None:
+def create_topics(conn: dict, specs: list[tuple[str, int, bool]]) -> None:
     configs = {**topic_config(), **LOG_APPEND}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(**conn)
     try:
         admin.create_topics({name: {"num_partitions": partitions, "replication_factor": 1,
                                     "configs": {**configs, **({"cleanup.policy": "compact"} if compacted else {})}}
@@ -91,8 +91,8 @@ def create_topics(bootstrap: str, specs: list[tuple[str, int, bool]]) -> None:
         admin.close()
 
 
-def delete_topics(bootstrap: str, prefixes: list[str]) -> None:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+def delete_topics(conn: dict, prefixes: list[str]) -> None:
+    admin = KafkaAdminClient(**conn)
     try:
         names = [t for t in admin.list_topics() if any(t.startswith(p) for p in prefixes)]
         if names:
@@ -103,12 +103,12 @@ def delete_topics(bootstrap: str, prefixes: list[str]) -> None:
         admin.close()
 
 
-def produce(bootstrap: str, topic: str, records, rate: float | None = None,
+def produce(conn: dict, topic: str, records, rate: float | None = None,
             check=None) -> tuple[float, float, dict[str, int]]:
     """Send every record (each at its scheduled time when ``rate`` turns/s is given; ``check()`` is
     called about every second meanwhile); return the monotonic start and end of sending and each
     final turn's sent_at (ms) by key."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, **producer_defaults())
+    producer = KafkaProducer(**conn, **producer_defaults())
     sent_at = {}
     try:
         # connected and holding the topic's metadata before the clock starts, as a long-lived generator is: else
@@ -136,11 +136,11 @@ def produce(bootstrap: str, topic: str, records, rate: float | None = None,
     return began, sent, sent_at
 
 
-def raw_bus(bootstrap: str, records, partitions: int = 4) -> float:
+def raw_bus(conn: dict, records, partitions: int = 4) -> float:
     """Seconds from the first send until a plain consumer, reading concurrently, has every record."""
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
-    create_topics(bootstrap, [(topic, partitions, False)])
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
+    create_topics(conn, [(topic, partitions, False)])
+    consumer = KafkaConsumer(topic, **conn, auto_offset_reset="earliest", group_id=None,
                              fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
     try:
         consumer.poll(timeout_ms=1000)  # assigned and fetching before the clock starts
@@ -155,14 +155,14 @@ def raw_bus(bootstrap: str, records, partitions: int = 4) -> float:
         stop = threading.Event()
         reader = threading.Thread(target=consume, daemon=True)
         reader.start()
-        began = produce(bootstrap, topic, records)[0]
+        began = produce(conn, topic, records)[0]
         done.wait(timeout=600)
         elapsed = time.monotonic() - began
         stop.set()
         reader.join(timeout=5)
     finally:
         consumer.close()
-        delete_topics(bootstrap, [topic])
+        delete_topics(conn, [topic])
     return elapsed
 
 
@@ -170,8 +170,8 @@ class ShardFollower:
     """Follows rollout.shards (no group) from its start; done once every final turn's key is in an
     announced batch. Records each key's first announcement time (LogAppendTime, ms)."""
 
-    def __init__(self, bootstrap: str, topic: str, finals: set[str]):
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    def __init__(self, conn: dict, topic: str, finals: set[str]):
+        self.consumer = KafkaConsumer(**conn, group_id=None, enable_auto_commit=False,
                                       fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
         parts = [TopicPartition(topic, p) for p in sorted(self.consumer.partitions_for_topic(topic) or [0])]
         self.consumer.assign(parts)
@@ -205,9 +205,9 @@ class ShardFollower:
         self.consumer.close()
 
 
-def read_first_times(bootstrap: str, topic: str) -> dict[str, int]:
+def read_first_times(conn: dict, topic: str) -> dict[str, int]:
     """Each key's first data record's timestamp on ``topic``, read to its current end."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    consumer = KafkaConsumer(**conn, group_id=None, enable_auto_commit=False,
                              fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
     try:
         parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
@@ -239,10 +239,10 @@ def _check(run: DemoRun) -> None:
                                f"{stage.log_tail()}")
 
 
-def _wait_ready(bootstrap: str, run: DemoRun, workers: int, timeout_s: float = 120) -> None:
+def _wait_ready(conn: dict, run: DemoRun, workers: int, timeout_s: float = 120) -> None:
     """Until the Faust group is Stable with every worker and the shard writer has its partitions."""
     group, shards_log = run.stream_group, run.stages["shards"].log_path
-    admin, deadline = KafkaAdminClient(bootstrap_servers=bootstrap), time.monotonic() + timeout_s
+    admin, deadline = KafkaAdminClient(**conn), time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             _check(run)
@@ -261,23 +261,25 @@ def _wait_ready(bootstrap: str, run: DemoRun, workers: int, timeout_s: float = 1
     raise RuntimeError(f"stages not ready after {timeout_s:.0f}s (logs: {run.out / 'logs'})")
 
 
-def pipeline_run(bootstrap: str, records, episodes: int, out: Path, *, workers: int = 1, rate: float | None = None,
-                 keep_topics: bool = False, timeout_s: float = 600) -> dict:
+def pipeline_run(conn: dict, records, episodes: int, out: Path, *, workers: int = 1, rate: float | None = None,
+                 keep_topics: bool = False, timeout_s: float = 600, principals: Path | None = None) -> dict:
     """One fresh pipeline (``workers`` stream workers + shard writer), warm before the clock starts:
     seconds from the first send until every final turn's episode is in an announced batch, each
-    stage's peak RSS, and per final turn the ms to its episode record and to its batch's announcement."""
-    run = DemoRun({"bootstrap_servers": bootstrap}, DemoOptions(episodes=episodes, out=out, stream_workers=workers),
+    stage's peak RSS, and per final turn the ms to its episode record and to its batch's announcement.
+    ``principals``: a secured broker's (``conn`` is then its admin): each stage runs as its role."""
+    run = DemoRun(conn, DemoOptions(episodes=episodes, out=out, stream_workers=workers, principals=principals),
                   Console(file=io.StringIO()))
-    create_topics(bootstrap, [(s.name, s.partitions, s.compacted) for s in run.topics.specs()])
+    create_topics(conn, [(s.name, s.partitions, s.compacted) for s in run.topics.specs()])
+    run.grant_roles()
     finals, follower = {key.decode() for key, _v, args in records if args["final"]}, None
     try:
         try:
             run.start_stages(generator=False)
             log(f"  starting {workers} stream worker(s) + shard writer (logs: {out / 'logs'}) ...")
-            _wait_ready(bootstrap, run, workers)
-            follower = ShardFollower(bootstrap, run.topics.shards, finals)
+            _wait_ready(conn, run, workers)
+            follower = ShardFollower(conn, run.topics.shards, finals)
             log(f"  stages ready; sending {len(records)} turns" + (f" paced at {rate:.0f} turns/s" if rate else ""))
-            began, sent, sent_at = produce(bootstrap, run.topics.turns, records, rate, check=lambda: _check(run))
+            began, sent, sent_at = produce(conn, run.topics.turns, records, rate, check=lambda: _check(run))
             deadline, shown = time.monotonic() + timeout_s, time.monotonic()
             while not follower.done.wait(timeout=0.5):
                 _check(run)
@@ -294,10 +296,10 @@ def pipeline_run(bootstrap: str, records, episodes: int, out: Path, *, workers: 
             if follower is not None:
                 follower.close()
             run.stop_stages()
-        episode_at = read_first_times(bootstrap, run.topics.episodes)
+        episode_at = read_first_times(conn, run.topics.episodes)
     finally:
         if not keep_topics:
-            delete_topics(bootstrap, [run.topics.prefix])  # the changelog too: the prefix scopes its name
+            delete_topics(conn, [run.topics.prefix])  # the changelog too: the prefix scopes its name
     return {"elapsed": elapsed, "memory": memory, "sent_s": sent - began, "out": out,
             "to_episode": [episode_at[k] - t for k, t in sent_at.items() if k in episode_at],
             "to_batch": [follower.batch_at[k] - t for k, t in sent_at.items() if k in follower.batch_at]}

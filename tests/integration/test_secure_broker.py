@@ -296,3 +296,42 @@ def test_the_pipeline_as_its_roles_gives_the_plaintext_runs_shards_and_leaves_no
     leaked = [str(p) for p in left for secret in passwords if secret in p.read_bytes()]
     assert not leaked, leaked
     assert not [p for p in passwords if p in secured.broker.log_file.read_bytes()]
+
+
+# -- an outside client from WIRE.md section 2.1 alone --------------------------------------------------------------
+
+
+def test_librdkafka_with_the_settings_wire_md_gives_produces_as_generator_and_reads_as_observer(secured):
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    topics = secured.run_topics(generator="generator", observer="observer")
+
+    def settings(user: str) -> dict:
+        return {"bootstrap.servers": secured.bootstrap, "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": user,
+                "sasl.password": secured.setup.password_file(user).read_text().strip(),
+                "ssl.ca.location": str(secured.setup.ca_file)}
+
+    producer = confluent_kafka.Producer(settings("generator"))
+    failures = []
+    producer.produce(topics.turns, key=b"k", value=b"from librdkafka",
+                     on_delivery=lambda err, _msg: failures.append(err) if err else None)
+    assert producer.flush(30) == 0 and failures == []
+    refused = []
+    producer.produce(topics.weights, key=b"policy", value=b"{}", on_delivery=lambda err, _msg: refused.append(err))
+    producer.flush(30)
+    assert [e.code() for e in refused] == [confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+    consumer = confluent_kafka.Consumer({**settings("observer"), "group.id": topics.group("rollout-bus-x"),
+                                         "enable.auto.commit": False})
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topics.turns, p, confluent_kafka.OFFSET_BEGINNING)
+                         for p in range(topics.turns_partitions)])
+        got, deadline = [], time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+    finally:
+        consumer.close()
+    assert got == [b"from librdkafka"]
+    assert secured.written(topics.weights) == {topics.weights: 0}
