@@ -63,12 +63,13 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)
 
 # The compose files checked by the real compose CLI: built once from the Go module proxy into the cache
-# (compose/compose-plugin.sh, a few minutes), then `config -q` on both layouts (the test that needs it runs).
+# (compose/compose-plugin.sh, a few minutes), then `config -q` on the three layouts (the test that needs it runs).
 COMPOSE_PROFILES_ALL := --profile observability --profile tools
 compose-check: $(STAMP)
 	@compose=$$(compose/compose-plugin.sh) && set -x && \
 	$$compose -f compose/docker-compose.yml $(COMPOSE_PROFILES_ALL) config -q && \
-	$$compose -f compose/docker-compose.yml -f compose/docker-compose.cluster.yml $(COMPOSE_PROFILES_ALL) config -q
+	$$compose -f compose/docker-compose.yml -f compose/docker-compose.cluster.yml $(COMPOSE_PROFILES_ALL) config -q && \
+	$$compose -f compose/docker-compose.yml -f compose/docker-compose.secure.yml $(COMPOSE_PROFILES_ALL) config -q
 	$(BIN)/pytest -q -rs tests/unit/compose
 
 lint: $(STAMP)

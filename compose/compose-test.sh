@@ -8,16 +8,18 @@
 #   3. local stand-ins for the public images, built once and cached by the daemon: a Debian bookworm
 #      root from debootstrap (`docker import`), Python 3.11 on it, Kafka 4.1.1 on it (Debian's Java 17
 #      and the jars the project fetches); then the rollout-bus image from compose/Dockerfile through compose;
-#   4. compose/stack_check.py single  (one broker, --scale stream=3) and
-#      compose/stack_check.py cluster (three brokers, one killed mid-run and restarted): see its docstring.
+#   4. compose/stack_check.py single  (one broker, --scale stream=3),
+#      compose/stack_check.py cluster (three brokers, one killed mid-run and restarted) and
+#      compose/stack_check.py secure  (one secured broker, each stage its role's principal; its secrets made
+#      first with `rollout-bus kafka secrets` in a temporary directory, removed at the end): see its docstring.
 # Every stack it brings up comes down with its volumes, and a daemon it started is stopped, also on
 # failure or Ctrl-C.
-#   compose/compose-test.sh [single|cluster|all] (default all)
+#   compose/compose-test.sh [single|cluster|secure|all] (default all)
 #   COMPOSE_TEST_EPISODES (256; cluster run: twice that), COMPOSE_TEST_KEEP=1 (leave stacks and daemon up)
 set -euo pipefail
 
 runs="${1:-all}"
-case "$runs" in single|cluster|all) ;; *) echo "usage: $0 [single|cluster|all]" >&2; exit 2 ;; esac
+case "$runs" in single|cluster|secure|all) ;; *) echo "usage: $0 [single|cluster|secure|all]" >&2; exit 2 ;; esac
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cache="${ROLLOUT_BUS_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rollout-bus}"
 python="${PYTHON:-$repo/.venv/bin/python}"
@@ -49,6 +51,7 @@ private=""      # the private daemon's run directory, when this script started o
 dockerd_pid=""
 projects=()     # compose projects this script brought up: taken down on exit
 compose=""
+secrets_dir=""  # the secured stack's secrets (a temporary directory), removed on exit
 
 cleanup() {
     local status=$?
@@ -58,7 +61,9 @@ cleanup() {
             if [ -n "$(docker ps -aq --filter "label=com.docker.compose.project=$project" 2>/dev/null)" ] ||
                [ -n "$(docker volume ls -q --filter "label=com.docker.compose.project=$project" 2>/dev/null)" ]; then
                 say "taking down what is left of $project"
-                $compose -p "$project" -f "$repo/compose/docker-compose.yml" -f "$repo/compose/docker-compose.cluster.yml" \
+                overlay="$repo/compose/docker-compose.cluster.yml"
+                [ "$project" = rollout-bus-ctest-secure ] && overlay="$repo/compose/docker-compose.secure.yml"
+                $compose -p "$project" -f "$repo/compose/docker-compose.yml" -f "$overlay" \
                     down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true
             fi
         done
@@ -76,6 +81,7 @@ cleanup() {
     elif [ -n "$dockerd_pid" ]; then
         say "COMPOSE_TEST_KEEP=1: the private dockerd stays up: export DOCKER_HOST=$DOCKER_HOST; kill $dockerd_pid stops it"
     fi
+    [ -n "$secrets_dir" ] && [ "$keep" != 1 ] && rm -rf "$secrets_dir"
     say "done, exit $status"
     exit "$status"
 }
@@ -112,7 +118,7 @@ else
 fi
 say "compose: $($compose version)"
 
-for project in rollout-bus-ctest-single rollout-bus-ctest-cluster; do   # never take down a stack not ours
+for project in rollout-bus-ctest-single rollout-bus-ctest-cluster rollout-bus-ctest-secure; do   # never take down a stack not ours
     [ -z "$(docker ps -aq --filter "label=com.docker.compose.project=$project")$(docker volume ls -q \
             --filter "label=com.docker.compose.project=$project")" ] ||
         die "compose project $project already exists on this daemon: not touched (docker compose -p $project down -v)"
@@ -172,14 +178,22 @@ say "images ready: $(docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 
 # --- 4. the stacks ------------------------------------------------------------------------------------
 extra=(); [ "$keep" = 1 ] && extra=(--keep)
-if [ "$runs" != cluster ]; then
+if [ "$runs" = single ] || [ "$runs" = all ]; then
     projects+=(rollout-bus-ctest-single)
     ROLLOUT_BUS_EPISODES="$episodes" "$python" "$repo/compose/stack_check.py" single --compose "$compose" \
         --episodes "$episodes" "${extra[@]}"
 fi
-if [ "$runs" != single ]; then
+if [ "$runs" = cluster ] || [ "$runs" = all ]; then
     projects+=(rollout-bus-ctest-cluster)
     ROLLOUT_BUS_EPISODES="$((2 * episodes))" "$python" "$repo/compose/stack_check.py" cluster --compose "$compose" \
         --episodes "$((2 * episodes))" "${extra[@]}"
+fi
+if [ "$runs" = secure ] || [ "$runs" = all ]; then
+    projects+=(rollout-bus-ctest-secure)
+    secrets_dir="$(mktemp -d /tmp/rollout-bus-secrets.XXXXXX)"
+    "$python" -m rollout_bus.cli.main kafka secrets --dir "$secrets_dir" >/dev/null
+    export ROLLOUT_BUS_SECRETS_DIR="$secrets_dir"
+    ROLLOUT_BUS_EPISODES="$episodes" "$python" "$repo/compose/stack_check.py" secure --compose "$compose" \
+        --episodes "$episodes" "${extra[@]}"
 fi
 say "compose test passed ($runs) in $((SECONDS - began))s"

@@ -17,6 +17,12 @@ container is started again, and the run must end with the same accounting as abo
 show every pipeline topic with replication factor 3 and ``min.insync.replicas=2``, and no under-replicated
 partition once the broker has caught up.
 
+``secure``: the base file plus compose/docker-compose.secure.yml (TLS, SCRAM principals per role, ACLs), its
+secrets made beforehand in ``$ROLLOUT_BUS_SECRETS_DIR`` (``rollout-bus kafka secrets``). The run must end with
+the same accounting, read from the host as the observer principal; a PLAINTEXT client is refused with its
+reason and the generator principal may not publish weights; and no principal's password is in the resolved
+compose model, any container's ``docker inspect`` (environment, command) or the stack's logs.
+
 Completion is never a guess from the clock: a run is over when the shard writer puts its end-of-run record
 on rollout.shards (after its last batch). Timeouts only bound how long a broken run is waited for.
 """
@@ -37,21 +43,27 @@ from pathlib import Path
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from rollout_bus.errors import RolloutBusError
-from rollout_bus.kafka.clients import group_less_consumer
+from rollout_bus.errors import AccessDenied, BrokerError, RolloutBusError
+from rollout_bus.feed.weights import WeightPublisher
+from rollout_bus.kafka.clients import group_less_consumer, new_admin
+from rollout_bus.kafka.dev.compose_secrets import ComposeSecrets
 from rollout_bus.kafka.reader import TopicReader, partition_offsets
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.shards import read_manifest, verify_batch
+from rollout_bus.wire.topics import Topics
 
 COMPOSE_DIR = Path(__file__).resolve().parent
 BASE = COMPOSE_DIR / "docker-compose.yml"
 CLUSTER = COMPOSE_DIR / "docker-compose.cluster.yml"
+SECURE = COMPOSE_DIR / "docker-compose.secure.yml"
 SINGLE_BOOTSTRAP = "localhost:29092"
 CLUSTER_BOOTSTRAP = "localhost:29092,localhost:29192,localhost:29292"
+SINGLE_CONN, CLUSTER_CONN = {"bootstrap_servers": SINGLE_BOOTSTRAP}, {"bootstrap_servers": CLUSTER_BOOTSTRAP}
 PIPELINE_TOPICS = ("rollout.turns", "rollout.episodes", "rollout.metrics", "rollout.shards", "rollout.dlq")
 STREAM_GROUP = "rollout-bus-stream"  # ROLLOUT_BUS_APP_ID in the compose file
 EXPORTER = "http://127.0.0.1:9464/metrics"
 SINGLE_PROJECT, CLUSTER_PROJECT = "rollout-bus-ctest-single", "rollout-bus-ctest-cluster"  # compose project names
+SECURE_PROJECT = "rollout-bus-ctest-secure"
 
 
 class CheckFailed(Exception):
@@ -62,10 +74,11 @@ def say(message: str) -> None:
     print(f"[stack-check {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def rollout_bus(*args: str, timeout: float = 180) -> str:
-    """``rollout-bus ARGS`` from the host's install (the same CLI an operator runs), its stdout."""
+def rollout_bus(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> str:
+    """``rollout-bus ARGS`` from the host's install (the same CLI an operator runs), its stdout; ``env``: more
+    variables (a principal's settings)."""
     done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise CheckFailed(f"`rollout-bus {' '.join(args)}` exited {done.returncode}:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -131,26 +144,26 @@ class Stack:
         return self.remnants()
 
 
-def read_topic(bootstrap: str, topic: str) -> list:
+def read_topic(conn: dict, topic: str) -> list:
     """Every record of ``topic`` up to its current end (the project's group-less reader: commits nothing)."""
-    reader = TopicReader({"bootstrap_servers": bootstrap}, [topic])
+    reader = TopicReader(conn, [topic])
     try:
         return reader.read_to_end(timeout_s=60)[topic]
     finally:
         reader.close()
 
 
-def turns_partitions(bootstrap: str) -> int:
-    consumer = group_less_consumer({"bootstrap_servers": bootstrap})
+def turns_partitions(conn: dict) -> int:
+    consumer = group_less_consumer(conn)
     try:
         return len(consumer.partitions_for_topic("rollout.turns") or ())
     finally:
         consumer.close()
 
 
-def end_offsets(bootstrap: str, topic: str) -> int:
+def end_offsets(conn: dict, topic: str) -> int:
     """Records ever written to ``topic``; 0 while it or a leader of its partitions is not known yet."""
-    consumer = group_less_consumer({"bootstrap_servers": bootstrap})
+    consumer = group_less_consumer(conn)
     try:
         return sum((partition_offsets(consumer, topic) or {}).values())
     finally:
@@ -185,9 +198,9 @@ def wait_until(what: str, check, timeout_s: float, stack: Stack | None = None, e
         time.sleep(every_s)
 
 
-def stream_members(bootstrap: str) -> list[int] | None:
+def stream_members(conn: dict) -> list[int] | None:
     """Partitions of rollout.turns per member of the stable stream group (None while it is rebalancing)."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(**conn)
     try:
         info = admin.describe_groups([STREAM_GROUP]).get(STREAM_GROUP, {})
     except KafkaError:  # the coordinator is still being elected: ask again
@@ -200,14 +213,14 @@ def stream_members(bootstrap: str) -> list[int] | None:
                 if a["topic"] == "rollout.turns") for m in info.get("members") or []]
 
 
-def run_finished(bootstrap: str) -> bool:
+def run_finished(conn: dict) -> bool:
     """The shard writer has put end-of-run on rollout.shards: every batch of the run is written."""
-    return any(r.key == b"end-of-run" and is_control(r) for r in read_topic(bootstrap, "rollout.shards"))
+    return any(r.key == b"end-of-run" and is_control(r) for r in read_topic(conn, "rollout.shards"))
 
 
-def account(stack: Stack, bootstrap: str, episodes: int, work: Path) -> int:
+def account(stack: Stack, conn: dict, episodes: int, work: Path) -> int:
     """Every episode on rollout.turns in exactly one verified batch, nothing dead-lettered; the batch count."""
-    sent = {r.key.decode() for r in read_topic(bootstrap, "rollout.turns") if not is_control(r)}
+    sent = {r.key.decode() for r in read_topic(conn, "rollout.turns") if not is_control(r)}
     shards = stack.copy_shards(work / "shards")
     placed: list[str] = []
     batches = 0
@@ -216,7 +229,7 @@ def account(stack: Stack, bootstrap: str, episodes: int, work: Path) -> int:
             continue
         batches += 1
         placed += [e["key"] for e in verify_batch(batch)["extra"]["episodes"]]
-    dead = read_topic(bootstrap, "rollout.dlq")
+    dead = read_topic(conn, "rollout.dlq")
     twice = sorted({k for k in placed if placed.count(k) > 1})
     problems = []
     if len(sent) != episodes:
@@ -236,7 +249,7 @@ def account(stack: Stack, bootstrap: str, episodes: int, work: Path) -> int:
     return batches
 
 
-def check_observers(bootstrap: str, batches: int) -> None:
+def check_observers(bootstrap: str, batches: int, env: dict[str, str] | None = None) -> None:
     """The exporter's metrics and ``rollout-bus tail --once --json``, both from the host, see the batches."""
     def exporter_total() -> float | None:
         try:
@@ -248,7 +261,8 @@ def check_observers(bootstrap: str, batches: int) -> None:
 
     total = wait_until(f"the exporter on {EXPORTER} to count {batches} batches", exporter_total, 120)
     say(f"exporter: {EXPORTER} answers, rollout_batches_total {total:.0f}")
-    snapshot = json.loads(rollout_bus("tail", "--once", "--json", "--bootstrap-servers", bootstrap).splitlines()[-1])
+    snapshot = json.loads(rollout_bus("tail", "--once", "--json", "--bootstrap-servers", bootstrap,
+                                      env=env).splitlines()[-1])
     if snapshot.get("batches") != batches:
         raise CheckFailed(f"tail --once --json saw {snapshot.get('batches')} batches, the volume holds {batches}")
     say(f"tail --once --json against {bootstrap}: {snapshot['batches']} batches, "
@@ -263,29 +277,90 @@ def single(compose: list[str], episodes: int, keep: bool) -> None:
         say("up: one broker, topics, generator, stream x3, shards, exporter")
         stack.compose("up", "--detach", "--scale", "stream=3")
         shares = wait_until("three stream containers sharing rollout.turns in one group",
-                            lambda: (m := stream_members(SINGLE_BOOTSTRAP)) and len(m) == 3 and all(m) and m,
+                            lambda: (m := stream_members(SINGLE_CONN)) and len(m) == 3 and all(m) and m,
                             300, stack)
         say(f"stream group {STREAM_GROUP}: 3 members with {shares} partitions of rollout.turns; Kafka's tool says:")
         print(rollout_bus("kafka", "tool", "consumer-groups", "--bootstrap-server", SINGLE_BOOTSTRAP,
                           "--describe", "--members", "--verbose", "--group", STREAM_GROUP), flush=True)
-        if sum(shares) != (partitions := turns_partitions(SINGLE_BOOTSTRAP)):
+        if sum(shares) != (partitions := turns_partitions(SINGLE_CONN)):
             raise CheckFailed(f"the members hold {sum(shares)} partitions, rollout.turns has {partitions}")
-        run_to_the_end(stack, SINGLE_BOOTSTRAP)
+        run_to_the_end(stack, SINGLE_CONN)
         with tempfile.TemporaryDirectory(prefix="stack-check-") as work:
-            batches = account(stack, SINGLE_BOOTSTRAP, episodes, Path(work))
+            batches = account(stack, SINGLE_CONN, episodes, Path(work))
         check_observers(SINGLE_BOOTSTRAP, batches)
         failed = False
     finally:
         finish(stack, failed, keep)
 
 
-def run_to_the_end(stack: Stack, bootstrap: str) -> None:
+def secure(compose: list[str], episodes: int, keep: bool) -> None:
+    secrets = ComposeSecrets(Path(os.environ["ROLLOUT_BUS_SECRETS_DIR"]))
+    setup = secrets.setup
+    observer = setup.client_kwargs("observer", SINGLE_BOOTSTRAP)
+    stack = Stack(compose, SECURE_PROJECT, [BASE, SECURE])
+    stack.refuse_existing()
+    failed = True
+    try:
+        say("up: one secured broker (SASL_SSL, SCRAM, ACLs), credentials, topics, acls, generator, stream, shards, "
+            "exporter; each stage its role's principal")
+        stack.compose("up", "--detach")
+        run_to_the_end(stack, observer)
+        say("the ACLs as the broker reports them (`rollout-bus acl list`, the acls one-shot's output):")
+        print(stack.compose("logs", "--no-color", "--no-log-prefix", "acls", capture=True), flush=True)
+        with tempfile.TemporaryDirectory(prefix="stack-check-") as work:
+            batches = account(stack, observer, episodes, Path(work))
+        check_observers(SINGLE_BOOTSTRAP, batches, env=setup.client_env("observer", SINGLE_BOOTSTRAP))
+        check_refusals(setup)
+        check_no_password(stack, setup)
+        failed = False
+    finally:
+        finish(stack, failed, keep)
+
+
+def check_refusals(setup) -> None:
+    """From the host: no TLS is refused with its reason, and the generator may not write rollout.weights."""
+    try:
+        new_admin({"bootstrap_servers": SINGLE_BOOTSTRAP}, bootstrap_timeout_ms=4000, request_timeout_ms=4000).close()
+        raise CheckFailed(f"a PLAINTEXT client without credentials was let in at {SINGLE_BOOTSTRAP}")
+    except BrokerError as exc:
+        if "speaks TLS and this client is set for PLAINTEXT" not in str(exc):
+            raise CheckFailed(f"a PLAINTEXT client was refused, but not as expected: {exc}") from exc
+    say("refused: a PLAINTEXT client without credentials (the probe says the listener speaks TLS)")
+    publisher = WeightPublisher(setup.client_kwargs("generator", SINGLE_BOOTSTRAP), Topics())
+    try:
+        publisher.publish(1, 1)
+        raise CheckFailed("the generator principal published a weight version")
+    except AccessDenied as exc:
+        say(f"refused: {exc}")
+    finally:
+        publisher.close()
+    if (n := end_offsets(setup.client_kwargs("observer", SINGLE_BOOTSTRAP), "rollout.weights")) != 0:
+        raise CheckFailed(f"rollout.weights holds {n} records after the refused publish")
+
+
+def check_no_password(stack: Stack, setup) -> None:
+    """No principal's password in the resolved compose model, any container's environment or command, or the logs."""
+    passwords = {u: setup.password(u) for u in setup.users()}
+    model = stack.compose("config", capture=True)
+    ids = stack.compose("ps", "--all", "--quiet", capture=True).split()
+    inspected = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout
+    logs = stack.compose("logs", "--no-color", capture=True)
+    leaks = [f"{user}'s password in {where}" for user, password in passwords.items()
+             for where, text in (("the compose model", model), ("docker inspect", inspected), ("the logs", logs))
+             if password in text]
+    if leaks:
+        raise CheckFailed("; ".join(leaks))
+    say(f"no password of {len(passwords)} principals in the compose model, {len(ids)} containers' inspect "
+        f"(environment, command) or {len(logs.splitlines())} log lines")
+
+
+def run_to_the_end(stack: Stack, conn: dict) -> None:
     wait_until("the generator to exit", lambda: stack.state("generator")[0] == "exited", 600, stack)
     state, code = stack.state("generator")
     if code != 0:
         raise CheckFailed(f"the generator exited {code}")
     say("generator exited 0: every record it sent was acknowledged")
-    wait_until("end-of-run on rollout.shards (the last batch written)", lambda: run_finished(bootstrap), 600, stack)
+    wait_until("end-of-run on rollout.shards (the last batch written)", lambda: run_finished(conn), 600, stack)
 
 
 def cluster(compose: list[str], episodes: int, keep: bool) -> None:
@@ -296,20 +371,20 @@ def cluster(compose: list[str], episodes: int, keep: bool) -> None:
         say("up: three brokers, topics, generator, stream, shards, exporter")
         stack.compose("up", "--detach")
         sent_before = wait_until("the generator's first turns on rollout.turns",
-                                 lambda: end_offsets(CLUSTER_BOOTSTRAP, "rollout.turns"), 300, stack, every_s=0.5)
+                                 lambda: end_offsets(CLUSTER_CONN, "rollout.turns"), 300, stack, every_s=0.5)
         if stack.state("generator")[0] != "running":
             raise CheckFailed("the generator finished before a broker could be killed mid-run: raise --episodes")
         stack.compose("kill", "--signal", "SIGKILL", "kafka-2", capture=True)
         say(f"killed kafka-2 (SIGKILL) with {sent_before} records on rollout.turns and the generator running")
         grown = wait_until("writes to go on with two brokers",
-                           lambda: (n := end_offsets(CLUSTER_BOOTSTRAP, "rollout.turns")) > sent_before + 100 and n
+                           lambda: (n := end_offsets(CLUSTER_CONN, "rollout.turns")) > sent_before + 100 and n
                            or stack.state("generator")[0] == "exited" and n, 300, stack, every_s=1)
         state, _ = stack.state("kafka-2")
         say(f"rollout.turns at {grown} records with kafka-2 {state}; starting kafka-2 again")
         stack.compose("start", "kafka-2", capture=True)
-        run_to_the_end(stack, CLUSTER_BOOTSTRAP)
+        run_to_the_end(stack, CLUSTER_CONN)
         with tempfile.TemporaryDirectory(prefix="stack-check-") as work:
-            batches = account(stack, CLUSTER_BOOTSTRAP, episodes, Path(work))
+            batches = account(stack, CLUSTER_CONN, episodes, Path(work))
         check_observers(CLUSTER_BOOTSTRAP, batches)
         check_replication(CLUSTER_BOOTSTRAP)
         failed = False
@@ -362,7 +437,7 @@ def finish(stack: Stack, failed: bool, keep: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", choices=["single", "cluster"])
+    parser.add_argument("run", choices=["single", "cluster", "secure"])
     parser.add_argument("--compose", required=True, help="the compose command, e.g. 'docker compose'")
     parser.add_argument("--episodes", type=int, required=True, help="ROLLOUT_BUS_EPISODES the stack was given")
     parser.add_argument("--keep", action="store_true", help="leave the stack up at the end")
@@ -370,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ROLLOUT_BUS_EPISODES"] = str(args.episodes)
     began = time.monotonic()
     try:
-        (single if args.run == "single" else cluster)(args.compose.split(), args.episodes, args.keep)
+        {"single": single, "cluster": cluster, "secure": secure}[args.run](args.compose.split(), args.episodes,
+                                                                            args.keep)
     except CheckFailed as exc:
         say(f"FAILED ({args.run}, {time.monotonic() - began:.0f}s): {exc}")
         return 1

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError, ConfigError
+from rollout_bus.kafka.dev.compose_secrets import COMPOSE_HOSTS, ComposeSecrets
 from rollout_bus.kafka.dev.local_broker import LocalBroker
 from rollout_bus.kafka.dev.runtime import classpath, ensure_jars, java_executable
 
@@ -53,6 +54,24 @@ def _say_secure(broker: LocalBroker) -> None:
     for user in setup.users():
         console.print(f"  {user:<10} {setup.env_file(user)}")
     console.print(f"Kafka's own tools as admin: --command-config {setup.tools_properties}")
+
+
+@app.command()
+def secrets(directory: Path = typer.Option(Path("compose/secrets"), "--dir", help="Where to write them (kept out "
+                                           "of git; compose reads ROLLOUT_BUS_SECRETS_DIR, default compose/secrets)."),
+            hosts: list[str] = typer.Option(list(COMPOSE_HOSTS), "--host", help="A name the broker certificate "
+                                            "holds (clients check the one they dial); repeat for each.")) -> None:
+    """Make the CA, broker certificate and one password per principal for the secured compose stack
+    (compose/docker-compose.secure.yml); print the files, never their contents."""
+    try:
+        written = ComposeSecrets(directory.resolve()).prepare(java_executable(), hosts)
+    except (BrokerError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    console.print(f"compose secrets in {directory.resolve()} (certificate for {', '.join(hosts)}): "
+                  f"{len(written)} files; export ROLLOUT_BUS_SECRETS_DIR={directory.resolve()}")
+    for path in written:
+        print(path)
 
 
 @app.command()

@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "compose"
 BASE = COMPOSE / "docker-compose.yml"
 CLUSTER = COMPOSE / "docker-compose.cluster.yml"
-LAYOUTS = {"single": (BASE,), "cluster": (BASE, CLUSTER)}
+SECURE = COMPOSE / "docker-compose.secure.yml"
+LAYOUTS = {"single": (BASE,), "cluster": (BASE, CLUSTER), "secure": (BASE, SECURE)}
+SECRETS = "./secrets/"  # ${ROLLOUT_BUS_SECRETS_DIR:-./secrets}: the secured layout's, never in the repository
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_]\w*)(?:(:?[-?+])([^}]*))?\}|\$([A-Za-z_]\w*)")
 
 
@@ -247,6 +249,8 @@ def test_every_named_volume_used_is_declared_and_every_bind_source_exists(layout
     for name, service in project["services"].items():
         for entry in service.get("volumes", []):
             source = entry.get("source") if isinstance(entry, dict) else str(entry).split(":")[0]
+            if source.startswith(SECRETS):
+                continue  # made by `rollout-bus kafka secrets` (test_the_secure_layout_mounts_only_made_secrets)
             if source.startswith((".", "/")):
                 assert (COMPOSE / source).exists(), f"{name} mounts missing {source}"
             else:
@@ -263,7 +267,7 @@ def test_no_two_services_publish_the_same_host_port(layout):
 
 
 def test_every_interpolated_variable_has_a_default_so_up_needs_no_env_file():
-    for path in (BASE, CLUSTER):
+    for path in (BASE, CLUSTER, SECURE):
         for match in _VAR.finditer(path.read_text()):
             assert match.group(0) == "$$" or match.group(2) in (":-", "-"), f"{path.name}: {match.group(0)}"
 
@@ -306,13 +310,16 @@ def _listeners(value: str) -> dict[str, tuple[str, int]]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_kafka_advertised_listeners_match_the_bootstrap_servers_and_published_ports(layout):
     project = load(*LAYOUTS[layout])
-    brokers = {n: s for n, s in project["services"].items() if str(s.get("image", "")).startswith("apache/kafka:")}
+    brokers = {n: s for n, s in project["services"].items()
+               if str(s.get("image", "")).startswith("apache/kafka:") and "KAFKA_NODE_ID" in environment(s)}
     advertised = set()
     for name, broker in brokers.items():
         env = environment(broker)
         bound, adverts = _listeners(env["KAFKA_LISTENERS"]), _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
         for listener, (host, port) in adverts.items():
             assert bound[listener][1] == port, f"{name}: {listener} advertised on {port}, bound on {bound[listener]}"
+            if listener == env["KAFKA_INTER_BROKER_LISTENER_NAME"] != "INTERNAL":
+                continue  # the brokers' own listener (the secured layout's BROKER): no client bootstraps there
             if host == "localhost":
                 assert ("127.0.0.1", port) in host_ports(broker), f"{name}: localhost:{port} is not published"
             else:
@@ -412,3 +419,23 @@ def test_docker_compose_accepts_both_layouts():
         done = subprocess.run([*compose, *args, "--profile", "observability", "--profile", "tools",
                                "config", "-q"], capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
+
+
+def test_the_secure_layout_mounts_only_made_secrets_and_names_no_password():
+    from rollout_bus.kafka.dev.compose_secrets import ComposeSecrets
+
+    made = ComposeSecrets(COMPOSE / "secrets")
+    setup = made.setup
+    files = {setup.ca_file, setup.keystore().store, made.kafka_secrets, made.kafka_tls,
+             *(setup.password_file(u) for u in setup.users()), *(made.scram_file(u) for u in setup.users())}
+    raw = yaml.safe_load(SECURE.read_text())
+    sources = [interpolate(entry["file"], {}) for entry in raw["secrets"].values()]
+    sources += [interpolate(v, {}).split(":")[0] for service in raw["services"].values()
+                for v in service.get("volumes", []) if "SECRETS_DIR" in v]
+    assert sources and all((COMPOSE / src).resolve() in {f.resolve() for f in files} for src in sources), sources
+    project = load(BASE, SECURE)
+    for name, service in project_services(project).items():  # every stage logs in, its password by file
+        env = environment(service)
+        assert env["ROLLOUT_BUS_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["ROLLOUT_BUS_SASL_PASSWORD_FILE"].startswith("/run/secrets/"), name
+        assert not any("PASSWORD" in k and not k.endswith("_FILE") for k in env), name

@@ -87,6 +87,18 @@ def test_underscores_follow_the_official_images_rule_and_jvm_options_are_not_pro
     assert calls[1].startswith("-Xmx2G ") and " -Dx=y " in calls[1]
 
 
+def test_a_mounted_properties_file_is_the_base_a_variable_wins_and_no_secret_is_printed(tmp_path):
+    secret = "s3cret-keystore-pass"
+    file_input = tmp_path / "file-input.properties"
+    file_input.write_text(f"# the secured stack's secrets\nssl.keystore.password={secret}\nnode.id=9\n\n"
+                          f"listener.name.internal.scram-sha-512.sasl.jaas.config=x required password=\"{secret}\";\n")
+    env = {"CLUSTER_ID": "c1", "KAFKA_NODE_ID": "1", "KAFKA_FILE_INPUT": str(file_input)}
+    done, props, calls = run_entry_point(env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert props["ssl.keystore.password"] == secret and props["node.id"] == "1"  # the variable wins, as in Kafka
+    assert "ssl.keystore.password=[hidden]" in done.stderr and secret not in done.stderr + "".join(calls)
+
+
 @pytest.mark.parametrize("missing", ["CLUSTER_ID", "KAFKA_NODE_ID"])
 def test_a_missing_cluster_id_or_node_id_is_named_and_nothing_starts(missing, tmp_path):
     env = {"CLUSTER_ID": "c1", "KAFKA_NODE_ID": "1"}
