@@ -21,7 +21,8 @@ partition once the broker has caught up.
 secrets made beforehand in ``$ROLLOUT_BUS_SECRETS_DIR`` (``rollout-bus kafka secrets``). The run must end with
 the same accounting, read from the host as the observer principal; a PLAINTEXT client is refused with its
 reason and the generator principal may not publish weights; and no principal's password is in the resolved
-compose model, any container's ``docker inspect`` (environment, command) or the stack's logs.
+compose model, any container's ``docker inspect`` (environment, command), the stack's logs or the exporter's
+metrics.
 
 Completion is never a guess from the clock: a run is over when the shard writer puts its end-of-run record
 on rollout.shards (after its last batch). Timeouts only bound how long a broken run is waited for.
@@ -339,19 +340,23 @@ def check_refusals(setup) -> None:
 
 
 def check_no_password(stack: Stack, setup) -> None:
-    """No principal's password in the resolved compose model, any container's environment or command, or the logs."""
+    """No principal's password in the resolved compose model, any container's environment or command, the logs
+    or the exporter's series and labels."""
     passwords = {u: setup.password(u) for u in setup.users()}
     model = stack.compose("config", capture=True)
     ids = stack.compose("ps", "--all", "--quiet", capture=True).split()
     inspected = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout
     logs = stack.compose("logs", "--no-color", capture=True)
+    metrics = urllib.request.urlopen(EXPORTER, timeout=5).read().decode()  # its series and their labels
     leaks = [f"{user}'s password in {where}" for user, password in passwords.items()
-             for where, text in (("the compose model", model), ("docker inspect", inspected), ("the logs", logs))
+             for where, text in (("the compose model", model), ("docker inspect", inspected), ("the logs", logs),
+                                 ("the exporter's metrics", metrics))
              if password in text]
     if leaks:
         raise CheckFailed("; ".join(leaks))
     say(f"no password of {len(passwords)} principals in the compose model, {len(ids)} containers' inspect "
-        f"(environment, command) or {len(logs.splitlines())} log lines")
+        f"(environment, command), {len(logs.splitlines())} log lines or the exporter's "
+        f"{len(metrics.splitlines())} metric lines")
 
 
 def run_to_the_end(stack: Stack, conn: dict) -> None:
