@@ -44,7 +44,7 @@ learn: $(STAMP)
 	$(BIN)/rollout-bus demo --learn $(DEMO_ARGS)
 
 # The suite's broker is the project's own (rollout-bus kafka start), fresh every run, stopped also on failure.
-# Then the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
+# Then the alert rules through promtool (compose/prometheus/check-rules.sh), and the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
 # cached, 12 without; COMPOSE_TEST_RUNS=none skips it, saying so).
 test: $(STAMP)
 	@$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR) >/dev/null 2>&1 || true
@@ -53,6 +53,7 @@ test: $(STAMP)
 	@status=0; \
 	ROLLOUT_BUS_TEST_BOOTSTRAP_SERVERS=127.0.0.1:$(TEST_PORT) $(BIN)/pytest -ra --durations=15 $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR); \
+	compose/prometheus/check-rules.sh || status=$$?; \
 	if [ "$(COMPOSE_TEST_RUNS)" = none ]; then echo "compose-test: skipped (COMPOSE_TEST_RUNS=none)"; \
 	else compose/compose-test.sh $(COMPOSE_TEST_RUNS) || status=$$?; fi; \
 	exit $$status

@@ -1,0 +1,61 @@
+"""The alert rules (compose/prometheus/alerts.yml) query only series the exporter serves, and Prometheus loads them.
+
+``promtool`` itself checks and unit-tests the rules (compose/prometheus/check-rules.sh, run by ``make test``); this
+test ties them to the exporter: a rule on a series that was renamed or never existed would never fire, and
+promtool's own tests, which feed the series by name, could not tell.
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rollout_bus.kafka.lag import lag_rows
+from rollout_bus.observe.exporter import SnapshotCollector
+from rollout_bus.observe.metrics_view import MetricsView
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.wire.records import WeightVersion, batch_metrics_record, window_metrics_record
+from tests.unit.compose.test_compose import BASE, COMPOSE, load
+
+PROMETHEUS = COMPOSE / "prometheus"
+
+
+def _served_series() -> set[str]:
+    """Every series name in the exporter's exposition of a run with windows, a batch, dead letters, lag, a trainer."""
+    view = MetricsView()
+    view.add_metrics(window_metrics_record(0, 1000, "math", {"episode_raw_reward": 0.5}, episodes=2, closed=True))
+    view.add_metrics(batch_metrics_record(0, {"episode_raw_reward": 0.5, "staleness/oldest": 1.0}, samples=2,
+                                          manifest_path="m"))
+    view.add_dead_letter(DeadLetter(b"k", b"v", [], "bad", "stream", "decode", "t:0:1"))
+    lag = [row.to_json() for row in lag_rows("g", "t", ends={0: 10}, begins={0: 2}, committed={0: 1})]
+    collector = SnapshotCollector()
+    collector.update(view.snapshot(lag=lag, weights=WeightVersion(1, 1, 0)))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_every_series_an_alert_queries_is_one_the_exporter_serves():
+    rules = [r for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]]
+    served = _served_series()
+    queried = {name for rule in rules for name in re.findall(r"\brollout_[a-z_]+\b", rule["expr"])}
+    assert queried and queried <= served, f"queried but not served: {sorted(queried - served)}"
+    jobs = {job["job_name"] for job in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]}
+    for rule in rules:
+        for job in re.findall(r'job="([^"]+)"', rule["expr"]):
+            assert job in jobs, f"{rule['alert']} watches job {job!r}, prometheus.yml scrapes {sorted(jobs)}"
+
+
+def test_prometheus_loads_the_rules_the_compose_profile_mounts():
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    prometheus = load(BASE)["services"]["prometheus"]
+    mounted = {str(v).split(":")[1] for v in prometheus["volumes"]}
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"] and "/etc/prometheus/alerts.yml" in mounted
+    tests = yaml.safe_load((PROMETHEUS / "alerts-test.yml").read_text())
+    tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"]}
+    firing = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
+    rules = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}
+    assert tested == firing == rules, "every rule needs a test where it fires and one where it must not"
