@@ -7,8 +7,10 @@
 #   2. the docker compose v2 CLI (compose/compose-plugin.sh: built once from the Go module proxy);
 #   3. local stand-ins for the public images, built once and cached by the daemon: a Debian bookworm
 #      root from debootstrap (`docker import`), Python 3.11 on it, Kafka 4.1.1 on it (Debian's Java 17
-#      and the jars the project fetches); then the rollout-bus image from compose/Dockerfile through compose;
-#   4. compose/stack_check.py single  (one broker, --scale stream=3),
+#      and the jars the project fetches), Prometheus on it (Debian's package); then the rollout-bus image
+#      from compose/Dockerfile through compose;
+#   4. compose/stack_check.py single  (one broker, --scale stream=3, and the observability profile's
+#      Prometheus, asked through its HTTP API),
 #      compose/stack_check.py cluster (three brokers, one killed mid-run and restarted) and
 #      compose/stack_check.py secure  (one secured broker, each stage its role's principal; its secrets made
 #      first with `rollout-bus kafka secrets` in a temporary directory, removed at the end): see its docstring.
@@ -42,6 +44,7 @@ need_package() {  # need_package COMMAND PACKAGE
 export ROLLOUT_BUS_BASE_IMAGE="${ROLLOUT_BUS_BASE_IMAGE:-rollout-bus-local/debian:bookworm}"
 export ROLLOUT_BUS_PYTHON_IMAGE="${ROLLOUT_BUS_PYTHON_IMAGE:-rollout-bus-local/python:3.11-bookworm}"
 export ROLLOUT_BUS_KAFKA_IMAGE="${ROLLOUT_BUS_KAFKA_IMAGE:-rollout-bus-local/kafka:4.1.1}"
+export ROLLOUT_BUS_PROMETHEUS_IMAGE="${ROLLOUT_BUS_PROMETHEUS_IMAGE:-rollout-bus-local/prometheus:2.42-bookworm}"
 export ROLLOUT_BUS_BUILD_NETWORK="${ROLLOUT_BUS_BUILD_NETWORK:-host}"
 
 [ -x "$python" ] || die "no $python: run \`make venv\` first (or set PYTHON)"
@@ -64,6 +67,7 @@ cleanup() {
                 overlay="$repo/compose/docker-compose.cluster.yml"
                 [ "$project" = rollout-bus-ctest-secure ] && overlay="$repo/compose/docker-compose.secure.yml"
                 $compose -p "$project" -f "$repo/compose/docker-compose.yml" -f "$overlay" \
+                    --profile observability --profile tools \
                     down --volumes --remove-orphans --timeout 10 >/dev/null 2>&1 || true
             fi
         done
@@ -160,6 +164,7 @@ libs="$("$python" -m rollout_bus.kafka.dev.runtime)"   # the jars the project ru
 kafka_ctx_libs="$(mktemp -d)/libs"
 cp -a "$libs" "$kafka_ctx_libs" && rm -f "$kafka_ctx_libs/.complete"
 build_local "$ROLLOUT_BUS_KAFKA_IMAGE" kafka "$kafka_ctx_libs"
+build_local "$ROLLOUT_BUS_PROMETHEUS_IMAGE" prometheus
 rm -rf "$(dirname "$kafka_ctx_libs")"
 say "building the rollout-bus image through compose (the first time pip installs torch: a few minutes) ..."
 # One service builds the image every project service runs; its steps are shown as they start.

@@ -9,7 +9,10 @@ runs to completion; then, read from the host through the published ports and the
 * every episode the generator put on rollout.turns is in exactly one verified batch (``verify_batch``),
   and nothing is on rollout.dlq;
 * the exporter answers on 127.0.0.1:9464 with ``rollout_batches_total`` equal to the batches written;
-* ``rollout-bus tail --once --json`` against the containerised broker sees the same batches.
+* ``rollout-bus tail --once --json`` against the containerised broker sees the same batches;
+* the ``observability`` profile's Prometheus (the local image: Debian's package), asked through its HTTP API on
+  127.0.0.1:9090, has both targets up, the alert rules loaded and none firing, and ``rollout_batches_total``
+  equal to the batches on the volume.
 
 ``cluster``: the base file plus compose/docker-compose.cluster.yml (three brokers). While the generator
 is still sending, the ``kafka-2`` container is killed (SIGKILL); writes must go on with two brokers, the
@@ -63,6 +66,7 @@ SINGLE_CONN, CLUSTER_CONN = {"bootstrap_servers": SINGLE_BOOTSTRAP}, {"bootstrap
 PIPELINE_TOPICS = ("rollout.turns", "rollout.episodes", "rollout.metrics", "rollout.shards", "rollout.dlq")
 STREAM_GROUP = "rollout-bus-stream"  # ROLLOUT_BUS_APP_ID in the compose file
 EXPORTER = "http://127.0.0.1:9464/metrics"
+PROMETHEUS = "http://127.0.0.1:9090"
 SINGLE_PROJECT, CLUSTER_PROJECT = "rollout-bus-ctest-single", "rollout-bus-ctest-cluster"  # compose project names
 SECURE_PROJECT = "rollout-bus-ctest-secure"
 
@@ -141,7 +145,10 @@ class Stack:
 
     def down(self) -> list[str]:
         """``down -v``; what is left of the project afterwards (nothing, when it came down clean)."""
-        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "30", capture=True)
+        # every profile too: a service started from one (the observability profile's Prometheus) is not taken
+        # down by a plain `down`
+        self.compose("--profile", "observability", "--profile", "tools", "down", "--volumes", "--remove-orphans",
+                     "--timeout", "30", capture=True)
         return self.remnants()
 
 
@@ -289,9 +296,52 @@ def single(compose: list[str], episodes: int, keep: bool) -> None:
         with tempfile.TemporaryDirectory(prefix="stack-check-") as work:
             batches = account(stack, SINGLE_CONN, episodes, Path(work))
         check_observers(SINGLE_BOOTSTRAP, batches)
+        check_prometheus(stack, batches)
         failed = False
     finally:
         finish(stack, failed, keep)
+
+
+def prometheus_query(path: str) -> dict:
+    """One answer of Prometheus's HTTP API (``/api/v1/...``) on the published port; its ``data``."""
+    answer = json.loads(urllib.request.urlopen(f"{PROMETHEUS}{path}", timeout=5).read().decode())
+    if answer.get("status") != "success":
+        raise CheckFailed(f"Prometheus answered {path} with {answer}")
+    return answer["data"]
+
+
+def check_prometheus(stack: Stack, batches: int) -> None:
+    """The observability profile's Prometheus, asked from the host: its rollout-bus and own targets up, the alert
+    rules loaded, and ``rollout_batches_total`` as many as the batches on the shards volume."""
+    say("up: the observability profile's Prometheus (Grafana stays down: no local image of it)")
+    stack.compose("--profile", "observability", "up", "--detach", "prometheus", capture=True)
+
+    def targets_up() -> list[str] | None:
+        try:
+            active = prometheus_query("/api/v1/targets")["activeTargets"]
+        except OSError:
+            return None
+        up = [f"{t['labels']['job']} {t['scrapeUrl']}" for t in active if t["health"] == "up"]
+        return up if len(up) == len(active) == 2 else None
+
+    up = wait_until("Prometheus's two targets (rollout-bus, itself) up", targets_up, 120, stack)
+    say(f"Prometheus targets up: {up}")
+
+    def batches_seen() -> float | None:
+        try:
+            result = prometheus_query("/api/v1/query?query=rollout_batches_total")["result"]
+        except OSError:
+            return None
+        return float(result[0]["value"][1]) if result and float(result[0]["value"][1]) == batches else None
+
+    seen = wait_until(f"Prometheus to read rollout_batches_total {batches}", batches_seen, 120, stack)
+    rules = [r["name"] for g in prometheus_query("/api/v1/rules")["groups"] for r in g["rules"]]
+    firing = [a["labels"]["alertname"] for a in prometheus_query("/api/v1/alerts")["alerts"]
+              if a["state"] == "firing"]
+    if not rules or firing:
+        raise CheckFailed(f"alert rules loaded: {rules}; firing after a clean run: {firing}")
+    say(f"Prometheus: rollout_batches_total {seen:.0f} = the {batches} batches on the volume; {len(rules)} alert "
+        f"rules loaded, none firing")
 
 
 def secure(compose: list[str], episodes: int, keep: bool) -> None:
