@@ -44,12 +44,18 @@ learn: $(STAMP)
 	$(BIN)/rollout-bus demo --learn $(DEMO_ARGS)
 
 # The suite's broker is the project's own (rollout-bus kafka start), fresh every run, stopped also on failure.
-# Then the alert rules through promtool (compose/prometheus/check-rules.sh), and the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
+# Debian's chromium is installed (as root, when missing) for the report's browser test. Then the alert rules
+# through promtool (compose/prometheus/check-rules.sh), and the compose deployment on a real Docker engine (compose-test below: about 5 minutes with its images
 # cached, 12 without; COMPOSE_TEST_RUNS=none skips it, saying so).
 test: $(STAMP)
 	@$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR) >/dev/null 2>&1 || true
 	@rm -rf $(TEST_KAFKA_DIR)
 	$(BIN)/rollout-bus kafka start --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR)
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { \
+	  echo "installing Debian's chromium for the report's browser test (tests/browser.py) ..."; \
+	  { apt-get install -y -q --no-install-recommends chromium || { apt-get update -q && \
+	    apt-get install -y -q --no-install-recommends chromium; }; } >/tmp/rollout-bus-apt-chromium.log 2>&1 || \
+	  echo "chromium could not be installed (/tmp/rollout-bus-apt-chromium.log): the browser test is skipped"; }
 	@status=0; \
 	ROLLOUT_BUS_TEST_BOOTSTRAP_SERVERS=127.0.0.1:$(TEST_PORT) $(BIN)/pytest -ra --durations=15 $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR); \

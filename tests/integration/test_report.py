@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from kafka import KafkaProducer
 
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
@@ -18,6 +21,7 @@ from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.shards import write_batch_shards
 from rollout_bus.wire.rollout_key import rollout_key_string
 from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
+from tests.browser import chromium, open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"math": AdapterRef("math", 0), "code<&>": AdapterRef("code<&>", 1)}
@@ -126,3 +130,39 @@ def test_an_unknown_topic_prefix_fails_and_says_so(client_kwargs, tmp_path):
     done = run_report(client_kwargs, "no-such-run-here.", tmp_path / "x.html")
     assert done.returncode == 1
     assert "no-such-run-here.rollout.metrics" in done.stderr and not (tmp_path / "x.html").exists()
+
+
+CHARTS_AS_LAID_OUT = """Array.from(document.querySelectorAll('svg.chart')).map(svg => {
+  const box = svg.getBoundingClientRect();
+  return {width: box.width, height: box.height, lines: svg.querySelectorAll('path.line').length,
+          bars: svg.querySelectorAll('rect.bar').length,
+          legend: Array.from(svg.querySelectorAll('.legend-entry text')).map(t => t.textContent)};
+})"""
+
+
+def test_the_report_in_headless_chromium_has_no_console_error_draws_every_chart_and_needs_no_network(
+        client_kwargs, topics, tmp_path):
+    if chromium() is None:
+        pytest.skip("no chromium here: Debian's chromium package (make test installs it when root)")
+    publish(client_kwargs, topics)
+    write_disk_batch(tmp_path / "shards", seq=2)
+    out = tmp_path / "report.html"
+    done = run_report(client_kwargs, topics.prefix, out, "--shards", str(tmp_path / "shards"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    artifacts = Path(os.environ.get("ROLLOUT_BUS_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+    screenshot = artifacts / "report.png"
+    visit = open_page(out.as_uri(), screenshot, {"charts": CHARTS_AS_LAID_OUT})
+    print(f"report screenshot: {screenshot}")
+    assert visit.console == [], visit.console  # no console message at all, errors included
+    assert visit.requests == [out.as_uri()], visit.requests  # offline: the page asks for nothing else
+    charts = visit.values["charts"]
+    page = out.read_text()
+    assert len(charts) == page.count("<svg") == 7
+    for chart in charts:  # laid out with a size, and something drawn in it
+        assert chart["width"] > 100 and chart["height"] > 50 and chart["lines"] + chart["bars"] > 0, chart
+    lines = [c for c in charts if c["lines"]]
+    assert sum(c["lines"] for c in charts) == page.count('class="line"') == 8
+    assert all(set(c["legend"]) == {"code<&>", "math"} for c in lines if len(c["legend"]) == 2)
+    png = screenshot.read_bytes()
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and width > 1200 and height > 900 and len(png) > 20_000
