@@ -1,12 +1,14 @@
-"""The alert rules (compose/prometheus/alerts.yml) query only series the exporter serves, and Prometheus loads them.
+"""What queries Prometheus (the alert rules, compose/prometheus/alerts.yml, and the Grafana dashboard's panels)
+asks only for series the exporter serves, and Prometheus loads the rules.
 
 ``promtool`` itself checks and unit-tests the rules (compose/prometheus/check-rules.sh, run by ``make test``); this
-test ties them to the exporter: a rule on a series that was renamed or never existed would never fire, and
-promtool's own tests, which feed the series by name, could not tell.
+ties them and the panels to the exporter: a rule or a panel on a series that was renamed or never existed would
+stay silent or empty, and promtool's own tests, which feed the series by name, could not tell.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 import yaml
@@ -26,8 +28,11 @@ def _served_series() -> set[str]:
     """Every series name in the exporter's exposition of a run with windows, a batch, dead letters, lag, a trainer."""
     view = MetricsView()
     view.add_metrics(window_metrics_record(0, 1000, "math", {"episode_raw_reward": 0.5}, episodes=2, closed=True))
-    view.add_metrics(batch_metrics_record(0, {"episode_raw_reward": 0.5, "staleness/oldest": 1.0}, samples=2,
-                                          manifest_path="m"))
+    view.add_metrics(batch_metrics_record(0, {"episode_raw_reward": 0.5, "staleness/mean": 0.5, "staleness/max": 1.0,
+                                              "staleness/oldest": 1.0,
+                                              **{f"episode_response_length/{s}": 3.0
+                                                 for s in ("mean", "median", "min", "max")}},
+                                          samples=2, manifest_path="m"))
     view.add_dead_letter(DeadLetter(b"k", b"v", [], "bad", "stream", "decode", "t:0:1"))
     lag = [row.to_json() for row in lag_rows("g", "t", ends={0: 10}, begins={0: 2}, committed={0: 1})]
     collector = SnapshotCollector()
@@ -59,3 +64,14 @@ def test_prometheus_loads_the_rules_the_compose_profile_mounts():
     firing = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
     rules = {r["alert"] for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]}
     assert tested == firing == rules, "every rule needs a test where it fires and one where it must not"
+
+
+def test_every_series_a_dashboard_panel_queries_is_one_the_exporter_serves():
+    dashboard = json.loads((COMPOSE / "grafana" / "dashboards" / "rollout-bus.json").read_text())
+    served = _served_series()
+    for panel in dashboard["panels"]:
+        queried = {name for target in panel["targets"] for name in re.findall(r"\brollout_[a-z_]+\b", target["expr"])}
+        assert queried, f"panel {panel['title']!r} queries no rollout series"
+        assert queried <= served, f"panel {panel['title']!r} queries {sorted(queried - served)}, not served"
+    titles = " ".join(p["title"] for p in dashboard["panels"])
+    assert "staleness" in titles and "trainer weight version" in titles and "lost" in titles
