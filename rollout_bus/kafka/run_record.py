@@ -4,7 +4,8 @@ A stage reads rollout.run to its end; when the topic holds no declaration yet it
 (acks=all) and reads again, so two stages racing to declare agree on whichever record the broker
 put first. The first ``batching`` record is the run's (``wire.run_record``); the stage is refused
 with a ``ConfigError`` naming every setting that differs, before it reads or writes anything else.
-No clock decides anything: the log order does.
+No clock decides anything: the log order does. ``declared_run_batching(conn, topics)`` only reads it (an
+observer: None while nothing is declared).
 """
 
 from __future__ import annotations
@@ -77,3 +78,9 @@ def check_run_batching(conn: Mapping[str, Any], topics: Topics, ours: RunBatchin
     logger.info("run batching topic=%s groups_per_batch=%d batching=%s max_staleness=%s declared_by=%s at=%s",
                 topics.run, run.groups_per_batch, run.batching, run.max_staleness, run.declared_by, where)
     return run
+
+
+def declared_run_batching(conn: Mapping[str, Any], topics: Topics, *, stall_s: float = 10.0) -> RunBatching | None:
+    """The run's batching as declared on rollout.run, read only (an observer's view); None while none is."""
+    found = _first_declaration(conn, topics.run, stall_s)
+    return found[0] if found is not None else None

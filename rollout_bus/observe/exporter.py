@@ -9,6 +9,7 @@ Contract (the series compose/README.md and the Grafana dashboard read):
   ``""`` when none). A key scoped to an adapter wins over an unscoped key that names the same series.
   The latest batch's staleness arrives this way: ``rollout_staleness_{mean,max,oldest}{adapter,
   kind="batch"}`` (``metrics.compute_staleness_metrics``, step = the batch seq).
+* ``rollout_run_max_staleness``: the run's staleness bound as declared on rollout.run (absent without one).
 * ``rollout_window_episodes{adapter}`` (latest window), ``rollout_latest_batch`` (its sequence),
   ``rollout_trainer_weight_version`` (the trainer's live version on rollout.weights; absent while
   there is none: no topic, or nothing published).
@@ -100,6 +101,10 @@ def snapshot_families(snapshot: dict[str, Any]) -> list[Metric]:
     if snapshot["batch"] is not None:
         families.append(GaugeMetricFamily("rollout_latest_batch", "sequence of the latest batch",
                                           value=snapshot["batch"]["batch"]))
+    bound = (snapshot.get("run") or {}).get("max_staleness")
+    if bound is not None:  # the run's staleness bound, as declared on rollout.run (alerts compare with it)
+        families.append(GaugeMetricFamily("rollout_run_max_staleness", "the run's staleness bound (rollout.run)",
+                                          value=bound))
     version = (snapshot.get("trainer") or {}).get("weight_version")
     if version is not None:
         families.append(GaugeMetricFamily("rollout_trainer_weight_version",

@@ -11,7 +11,9 @@ and ``trainer`` (``MetricsView.snapshot``): the newest ``records.WeightVersion``
 compacted, ``history`` does not apply). A run without rollout.weights (no trainer publishing, or
 an older run) is normal: until the topic exists (looked for again at most every
 ``WEIGHTS_RECHECK_S`` on ``refresh``) or while it holds no version, ``trainer`` has None values
-and ``tail`` shows ``-``.
+and ``tail`` shows ``-``. ``run`` is the run's batching as declared on rollout.run
+(``groups_per_batch``, ``batching``, ``max_staleness``: the staleness bound alerts compare with), read
+once it is there (looked for on the same schedule), None before.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.clients import KafkaError
 from rollout_bus.kafka.lag import LagProbe
 from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.kafka.run_record import declared_run_batching
 from rollout_bus.feed.weights import WeightWatcher
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.observe.metrics_view import MetricsView
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
@@ -48,7 +52,23 @@ class MetricsFeed:
         self.lag = LagProbe(conn, self.reader.consumer)
         self.weights: WeightWatcher | None = None
         self._weights_checked = float("-inf")
+        self.run: RunBatching | None = None
+        self._run_checked = float("-inf")
         self._watch_weights()
+        self._read_run()
+
+    def _read_run(self) -> RunBatching | None:
+        """The run's declared batching, read once rollout.run holds it (looked for every WEIGHTS_RECHECK_S)."""
+        now = time.monotonic()
+        if self.run is not None or now - self._run_checked < WEIGHTS_RECHECK_S:
+            return self.run
+        self._run_checked = now
+        try:
+            if self.topics.run in self.reader.consumer.topics():
+                self.run = declared_run_batching(self.conn, self.topics, stall_s=5.0)
+        except (KafkaError, BrokerError, ContractError) as exc:  # not readable yet, or not a declaration: later
+            logger.debug("no run batching from %s yet: %s", self.topics.run, exc)
+        return self.run
 
     def _watch_weights(self) -> WeightWatcher | None:
         """The watcher of rollout.weights, made once the topic exists (looked for every WEIGHTS_RECHECK_S)."""
@@ -86,6 +106,7 @@ class MetricsFeed:
         return read
 
     def refresh(self, timeout_ms: int = 200) -> int:
+        self._read_run()
         weights = self._watch_weights()
         if weights is not None:
             weights.refresh(timeout_ms=0)
@@ -93,11 +114,15 @@ class MetricsFeed:
 
     def snapshot(self) -> dict[str, Any]:
         latest = self.weights.latest if self.weights is not None else None
-        return self.view.snapshot(lag=[row.to_json() for row in self.lag.measure(self.groups)],
-                                  dlq_records=self.reader.records_on(self.topics.dlq),
-                                  topics={"metrics": self.topics.metrics, "dlq": self.topics.dlq,
-                                          "weights": self.topics.weights},
-                                  weights=latest)
+        snapshot = self.view.snapshot(lag=[row.to_json() for row in self.lag.measure(self.groups)],
+                                      dlq_records=self.reader.records_on(self.topics.dlq),
+                                      topics={"metrics": self.topics.metrics, "dlq": self.topics.dlq,
+                                              "weights": self.topics.weights},
+                                      weights=latest)
+        snapshot["run"] = None if self.run is None else {
+            "groups_per_batch": self.run.groups_per_batch, "batching": self.run.batching,
+            "max_staleness": self.run.max_staleness}
+        return snapshot
 
     def close(self) -> None:
         if self.weights is not None:

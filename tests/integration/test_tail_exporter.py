@@ -20,6 +20,8 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.wire.records import WEIGHTS_KEY, WeightVersion, batch_metrics_record, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.kafka.run_record import check_run_batching
+from rollout_bus.wire.run_record import RunBatching
 from tests.integration.pipeline_harness import run_pipeline
 
 STREAM_GROUP = "ops-test-stream"
@@ -203,6 +205,12 @@ def test_the_exporter_serves_metrics_counters_and_lag_and_keeps_its_counts_acros
         while _scrape(url)['rollout_dlq_records_total{reason="decode",stage="stream"}'] != 3.0:
             assert time.monotonic() < deadline, "the exporter never counted the new dead letter"
             time.sleep(0.2)
+        assert "rollout_run_max_staleness" not in series  # no batching declared on rollout.run yet
+        check_run_batching(client_kwargs, topics, RunBatching(2, "step", 1, "test"))  # as a stage declares it
+        deadline = time.monotonic() + 40  # the feed looks for the declaration again every WEIGHTS_RECHECK_S
+        while _scrape(url).get("rollout_run_max_staleness") != 1.0:
+            assert time.monotonic() < deadline, "the exporter never served the run's declared staleness bound"
+            time.sleep(0.5)
     finally:
         _stop(proc)
     proc, url = _start_exporter(client_kwargs, topics)
@@ -210,6 +218,7 @@ def test_the_exporter_serves_metrics_counters_and_lag_and_keeps_its_counts_acros
         series = _scrape(url)  # served only once caught up: the totals, not zero
         assert series['rollout_dlq_records_total{reason="decode",stage="stream"}'] == 3.0
         assert series["rollout_batches_total"] == 2.0 and series['rollout_episodes_total{adapter="code"}'] == 3.0
+        assert series["rollout_run_max_staleness"] == 1.0
     finally:
         _stop(proc)
 

@@ -36,7 +36,9 @@ def _served_series() -> set[str]:
     view.add_dead_letter(DeadLetter(b"k", b"v", [], "bad", "stream", "decode", "t:0:1"))
     lag = [row.to_json() for row in lag_rows("g", "t", ends={0: 10}, begins={0: 2}, committed={0: 1})]
     collector = SnapshotCollector()
-    collector.update(view.snapshot(lag=lag, weights=WeightVersion(1, 1, 0)))
+    snapshot = view.snapshot(lag=lag, weights=WeightVersion(1, 1, 0))
+    snapshot["run"] = {"groups_per_batch": 2, "batching": "step", "max_staleness": 2}  # MetricsFeed adds it
+    collector.update(snapshot)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     text = generate_latest(registry).decode()
