@@ -51,37 +51,32 @@ class MetricsFeed:
         self.reader = TopicReader(conn, [topics.metrics, topics.dlq], history=history)
         self.lag = LagProbe(conn, self.reader.consumer)
         self.weights: WeightWatcher | None = None
-        self._weights_checked = float("-inf")
         self.run: RunBatching | None = None
-        self._run_checked = float("-inf")
-        self._watch_weights()
-        self._read_run()
+        self._checked = float("-inf")
+        self._look_for_late_topics()
 
-    def _read_run(self) -> RunBatching | None:
-        """The run's declared batching, read once rollout.run holds it (looked for every WEIGHTS_RECHECK_S)."""
+    def _look_for_late_topics(self) -> None:
+        """rollout.weights (its watcher) and rollout.run (the declared batching) may appear after the feed
+        starts: looked for with one metadata request at most every WEIGHTS_RECHECK_S until both are there."""
         now = time.monotonic()
-        if self.run is not None or now - self._run_checked < WEIGHTS_RECHECK_S:
-            return self.run
-        self._run_checked = now
+        if (self.weights is not None and self.run is not None) or now - self._checked < WEIGHTS_RECHECK_S:
+            return
+        self._checked = now
         try:
-            if self.topics.run in self.reader.consumer.topics():
-                self.run = declared_run_batching(self.conn, self.topics, stall_s=5.0)
-        except (KafkaError, BrokerError, ContractError) as exc:  # not readable yet, or not a declaration: later
-            logger.debug("no run batching from %s yet: %s", self.topics.run, exc)
-        return self.run
-
-    def _watch_weights(self) -> WeightWatcher | None:
-        """The watcher of rollout.weights, made once the topic exists (looked for every WEIGHTS_RECHECK_S)."""
-        now = time.monotonic()
-        if self.weights is not None or now - self._weights_checked < WEIGHTS_RECHECK_S:
-            return self.weights
-        self._weights_checked = now
-        try:
-            if self.topics.weights in self.reader.consumer.topics():
+            names = self.reader.consumer.topics()
+        except KafkaError as exc:
+            logger.debug("no topic list yet: %s", exc)
+            return
+        if self.weights is None and self.topics.weights in names:
+            try:
                 self.weights = WeightWatcher(self.conn, self.topics)
-        except (KafkaError, BrokerError) as exc:  # MissingTopicError is a BrokerError: absent after all
-            logger.debug("no watcher of %s yet: %s", self.topics.weights, exc)
-        return self.weights
+            except (KafkaError, BrokerError) as exc:  # MissingTopicError is a BrokerError: absent after all
+                logger.debug("no watcher of %s yet: %s", self.topics.weights, exc)
+        if self.run is None and self.topics.run in names:
+            try:
+                self.run = declared_run_batching(self.conn, self.topics, stall_s=5.0)
+            except (KafkaError, BrokerError, ContractError) as exc:  # not readable yet, or not a declaration
+                logger.debug("no run batching from %s yet: %s", self.topics.run, exc)
 
     def fold(self, records: dict[str, list]) -> int:
         """Add read records to the view; return how many."""
@@ -94,7 +89,8 @@ class MetricsFeed:
     def catch_up(self, timeout_s: float = 60.0) -> int:
         """Read everything there is now (so counters start from the topics' totals)."""
         read = self.fold(self.reader.read_to_end(timeout_s))
-        weights = self._watch_weights()
+        self._look_for_late_topics()
+        weights = self.weights
         if weights is not None and self.reader.record_counts([self.topics.weights]).get(self.topics.weights):
             deadline = time.monotonic() + min(timeout_s, WEIGHTS_CATCH_UP_S)
             seen = weights.latest
@@ -106,10 +102,9 @@ class MetricsFeed:
         return read
 
     def refresh(self, timeout_ms: int = 200) -> int:
-        self._read_run()
-        weights = self._watch_weights()
-        if weights is not None:
-            weights.refresh(timeout_ms=0)
+        self._look_for_late_topics()
+        if self.weights is not None:
+            self.weights.refresh(timeout_ms=0)
         return self.fold(self.reader.poll(timeout_ms))
 
     def snapshot(self) -> dict[str, Any]:
