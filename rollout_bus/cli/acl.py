@@ -2,7 +2,8 @@
 
 ``apply --role R --principal P`` creates the ACLs of role R (``rollout_bus.kafka.acls.role_bindings``) for the
 SCRAM user P on the topics and groups of ``--topic-prefix``, so a run's principals reach only that run's
-topics; ``--dry-run`` prints them without a broker. It runs as a principal that may set ACLs (the secured
+topics; ``--dry-run`` prints them without a broker. ``--role all`` (no ``--principal``) grants every role to the
+principal of its name, as the local secured broker and the compose stack name them. It runs as a principal that may set ACLs (the secured
 local broker's ``admin``: ``set -a; . DATA_DIR/secure/admin.env; set +a``). Creating the user itself is
 Kafka's job (``kafka-configs --alter --entity-type users --add-config-file``). ``list`` prints every ACL the
 cluster holds, as the broker reports it. Also ``python -m rollout_bus.cli.acl``.
@@ -26,8 +27,9 @@ console = Console(stderr=True)
 
 @app.command()
 def apply(
-    role: str = typer.Option(..., "--role", help=f"One of: {', '.join(ROLES)}."),
-    principal: str = typer.Option(..., "--principal", help="The SCRAM user (without 'User:') that plays the role."),
+    role: str = typer.Option(..., "--role", help=f"One of: {', '.join(ROLES)}; or all (each to the principal of its name)."),
+    principal: str | None = typer.Option(None, "--principal",
+                                         help="The SCRAM user (without 'User:') that plays the role."),
     bootstrap_servers: str | None = options.BOOTSTRAP,
     topic_prefix: str | None = options.TOPIC_PREFIX,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the ACLs, create nothing (no broker needed)."),
@@ -35,17 +37,30 @@ def apply(
     """Create the ACLs ROLE needs on the run of --topic-prefix, for PRINCIPAL; print each one."""
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     try:
-        bindings = role_bindings(role, principal, kafka.topics())
+        grants = _grants(role, principal)
+        bindings = [(user, b) for each, user in grants for b in role_bindings(each, user, kafka.topics())]
         if not dry_run:
-            apply_bindings(kafka.client_kwargs(), [(principal, b) for b in bindings])
+            apply_bindings(kafka.client_kwargs(), bindings)
     except (BrokerError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    for binding in bindings:
-        print(f"User:{principal} ALLOW {binding}")
+    for user, binding in bindings:
+        print(f"User:{user} ALLOW {binding}")
     done = "would be created (dry run)" if dry_run else "in place"
-    console.print(f"{len(bindings)} ACLs of role {role} for User:{principal} on prefix "
-                  f"{kafka.topic_prefix or '(none)'!r} {done}")
+    whom = ", ".join(f"{each} for User:{user}" for each, user in grants)
+    console.print(f"{len(bindings)} ACLs of role {whom} on prefix {kafka.topic_prefix or '(none)'!r} {done}")
+
+
+def _grants(role: str, principal: str | None) -> list[tuple[str, str]]:
+    """``(role, principal)`` pairs: one named pair, or every role to the principal of its name."""
+    if role == "all":
+        if principal:
+            raise ConfigError(f"--principal {principal!r} with --role all: all grants each role to the principal "
+                              "of its name; name one role to grant it to another principal")
+        return [(each, each) for each in ROLES]
+    if not principal:
+        raise ConfigError(f"--role {role} needs --principal, the SCRAM user that plays it")
+    return [(role, principal)]
 
 
 @app.command("list")

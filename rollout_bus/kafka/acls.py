@@ -28,6 +28,8 @@ Topics are created by an administrator (``rollout-bus topics create`` as ``admin
 Contract: ``role_bindings(role, principal, topics, ...)`` is pure: the ``Binding``s (resource, name, pattern,
 operation; always ALLOW, any host) of one role, sorted; ``apply_bindings(conn, bindings)`` creates them
 (creating an existing ACL is a no-op in Kafka) and raises ``BrokerError`` naming any the broker refused;
+``grant_roles(conn, topics, ...)`` gives every role's principal, named as the role (the local and compose
+setups), its bindings;
 ``list_bindings(conn)`` reads back every ACL the cluster holds, as ``(principal, Binding)``.
 """
 
@@ -94,6 +96,13 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
     else:  # trainer
         found += _topic(t.shards, "READ") + _topic(t.weights, "READ", "WRITE")
     return sorted(set(found))
+
+
+def grant_roles(conn: Mapping[str, Any], topics: Topics, *, stream_app_id: str = STREAM_APP_ID,
+                shards_group: str = SHARDS_GROUP) -> int:
+    """Every role's principal, named as the role, gets its ACLs on the run of ``topics``; return how many."""
+    return apply_bindings(conn, [(role, b) for role in ROLES for b in role_bindings(
+        role, role, topics, stream_app_id=stream_app_id, shards_group=shards_group)])
 
 
 def _acl(principal: str, binding: Binding) -> Any:

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollout_bus.config import BatchingSettings
-from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings
+from rollout_bus.kafka.acls import grant_roles
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.dev.secure import SecureSetup
 from rollout_bus.kafka.reader import TopicWatcher
@@ -115,8 +115,7 @@ class DemoRun:
         """Each role's principal gets its ACLs on this run's topics and groups; return how many."""
         if self.roles is None:
             return 0
-        return apply_bindings(self.kwargs, [(role, b) for role in ROLES for b in role_bindings(
-            role, role, self.topics, stream_app_id=STREAM_APP_ID, shards_group=SHARDS_GROUP_ID)])
+        return grant_roles(self.kwargs, self.topics, stream_app_id=STREAM_APP_ID, shards_group=SHARDS_GROUP_ID)
 
     def _common(self) -> list[str]:
         return ["--bootstrap-servers", self.kwargs["bootstrap_servers"], "--topic-prefix", self.topics.prefix]

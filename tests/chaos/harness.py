@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings
+from rollout_bus.kafka.acls import grant_roles
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.dev.secure import SecureSetup
 from rollout_bus.tools.accounting import Reconciliation, reconcile
@@ -174,9 +174,8 @@ class ChaosRun:
         self.out.mkdir(parents=True, exist_ok=True)
         ensure_topics(self.conn, self.topics, replication_factor=self.replication_factor)
         if self.roles is not None:
-            apply_bindings(self.conn, [(role, b) for role in ROLES for b in role_bindings(
-                role, role, self.topics, stream_app_id=f"chaos-{self.run_id}-stream",
-                shards_group=f"chaos-{self.run_id}-shards")])
+            grant_roles(self.conn, self.topics, stream_app_id=f"chaos-{self.run_id}-stream",
+                        shards_group=f"chaos-{self.run_id}-shards")
         t = self.topics
         self.watcher = TopicWatcher({**self.conn, **WATCH_CLIENT}, [t.turns, t.episodes], [t.dlq])
         for name in self.stage_order():

@@ -244,21 +244,16 @@ class LocalBroker:
                                   f"last lines of {self.log_file}:\n{self.log_tail()}")
             if self._answers(timeout_s=1.0):
                 if self.secure is not None:
-                    self._secure_roles()
+                    self._open_to_roles()
                 return BrokerStatus(True, pid, self.bootstrap, self.data_dir, f"started (pid {pid})")
             time.sleep(0.25)
         self._signal_and_wait(pid, 10.0)
         raise BrokerError(f"the Kafka broker did not answer on {self.bootstrap} in time; "
                           f"last lines of {self.log_file}:\n{self.log_tail()}")
 
-    def _secure_roles(self) -> None:
-        """Each role's principal gets its ACLs for unprefixed topics (``acls.role_bindings``), and every
-        principal its client settings file."""
-        from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings  # the admin client: only needed here
-        from rollout_bus.wire.topics import Topics
-
-        self.secure.write_client_files(self.bootstrap)
-        apply_bindings(self.connection(), [(role, b) for role in ROLES for b in role_bindings(role, role, Topics())])
+    def _open_to_roles(self) -> None:
+        """A secured node that answers: its principals' client files and each role's ACLs."""
+        self.secure.open_to_roles(self.bootstrap, self.connection())
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker this manager started; False when none was running."""

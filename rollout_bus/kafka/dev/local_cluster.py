@@ -90,8 +90,8 @@ class ClusterNode(LocalBroker):
             format_storage(java, libs, self.properties, self._cluster_id(),
                            self.secure.scram_format_args() if self.secure else ())
 
-    def _secure_roles(self) -> None:
-        """The cluster grants the roles once every node is up (``LocalCluster.start``)."""
+    def _open_to_roles(self) -> None:
+        """The cluster opens to the roles once every node is up (``LocalCluster.start``)."""
 
     def pid(self) -> int | None:
         return self._recorded_pid()
@@ -197,16 +197,8 @@ class LocalCluster:
             raise BrokerError("the local cluster did not start: " + "; ".join(
                 f"node {i}: {exc}" for i, exc in sorted(errors.items())))
         if self.secure is not None:
-            self._secure_roles()
+            self.secure.open_to_roles(self.bootstrap, self.connection())
         logger.info("local cluster up bootstrap=%s seconds=%.1f", self.bootstrap, time.monotonic() - began)
-
-    def _secure_roles(self) -> None:
-        """Each role's principal gets its ACLs for unprefixed topics, every principal its settings file."""
-        from rollout_bus.kafka.acls import ROLES, apply_bindings, role_bindings  # the admin client: only here
-        from rollout_bus.wire.topics import Topics
-
-        self.secure.write_client_files(self.bootstrap)
-        apply_bindings(self.connection(), [(role, b) for role in ROLES for b in role_bindings(role, role, Topics())])
 
     def stop(self, timeout_s: float = 20.0, last_timeout_s: float = 5.0) -> None:
         """Stop every node, one after another (SIGKILL for one that lingers past ``timeout_s``).

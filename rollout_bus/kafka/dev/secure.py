@@ -16,20 +16,23 @@ one per role in ``ROLES``), and ``NAME.env`` per principal, the ``ROLLOUT_BUS_*`
 principal needs (the password by file, never in the environment). ``prepare(java, hosts)`` makes what is
 missing; ``server_settings(...)`` are the node's listener, TLS, SASL and authorizer settings;
 ``scram_format_args()`` are the ``kafka-storage format`` arguments that create every principal's credentials
-(handed to the JVM in an argument file, so no password is on a command line).
+(handed to the JVM in an argument file, so no password is on a command line); ``open_to_roles(bootstrap,
+conn)``, once the node answers, writes every principal's client files and grants each role its ACLs.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rollout_bus.kafka.acls import ROLES
+from rollout_bus.kafka.acls import ROLES, grant_roles
 from rollout_bus.kafka.dev.certificates import (Authority, Keystore, keytool_beside, make_authority, make_keystore,
                                                 write_private)
+from rollout_bus.wire.topics import Topics
 
 MECHANISM = "SCRAM-SHA-512"
 ADMIN = "admin"
@@ -127,6 +130,11 @@ class SecureSetup:
             "security.protocol": "SASL_SSL", "sasl.mechanism": MECHANISM,
             "sasl.jaas.config": jaas(ADMIN, self.password(ADMIN)),
             "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_file)}.items()))
+
+    def open_to_roles(self, bootstrap: str, conn: Mapping[str, Any]) -> None:
+        """Every principal's client files, and each role's ACLs on the unprefixed topics (``conn``: as admin)."""
+        self.write_client_files(bootstrap)
+        grant_roles(conn, Topics())
 
     def client_env(self, user: str, bootstrap: str) -> dict[str, str]:
         """The ``ROLLOUT_BUS_*`` settings of a client that is ``user`` (its password by file)."""
