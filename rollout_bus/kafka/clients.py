@@ -182,23 +182,34 @@ def wait_for_partitions(client: KafkaConsumer | KafkaProducer, topic: str, *,
                         timeout_s: float = PARTITIONS_WAIT_S) -> list[int]:
     """The topic's partitions, waiting up to ``timeout_s`` for them to appear in the metadata;
     ``MissingTopicError`` naming the topic after that, ``AccessDenied`` at once when the principal may not
-    see it (``_check_visible``)."""
+    see it (``_check_visible``). A retriable error of the metadata request (a broker that is down but still in
+    the cached metadata refuses the connection until the cluster drops it) is waited out the same way, and a
+    ``BrokerError`` names the last one at the deadline."""
     deadline = time.monotonic() + timeout_s
     asked = False
     while True:
-        if isinstance(client, KafkaProducer):
-            with refusals_named(f"looking up {topic}", client.config):
-                found = client.partitions_for(topic)
-        else:
-            found = client.partitions_for_topic(topic)
-            if not found:
-                if not asked:
-                    asked = True
-                    _check_visible(client.config, topic)
-                client.topics()  # refreshes the cluster metadata
+        found, failed = None, None  # failed: this try's retriable error (KafkaError | None)
+        try:
+            if isinstance(client, KafkaProducer):
+                with refusals_named(f"looking up {topic}", client.config):
+                    found = client.partitions_for(topic)
+            else:
+                found = client.partitions_for_topic(topic)
+                if not found:
+                    if not asked:
+                        asked = True
+                        _check_visible(client.config, topic)
+                    client.topics()  # refreshes the cluster metadata
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            failed = exc
         if found:
             return sorted(found)
         if time.monotonic() >= deadline:
+            if failed is not None:
+                raise BrokerError(f"looking up topic {topic!r}: the cluster's metadata did not answer for "
+                                  f"{timeout_s:.0f}s; last error: {failed!r}") from failed
             raise MissingTopicError(f"topic {topic!r} has no partitions in the cluster's metadata after "
                                     f"{timeout_s:.0f}s (a wrong name, or the topic was never created)")
         time.sleep(0.2)
