@@ -20,10 +20,11 @@ def build(bootstrap: str, source: str, sink: str, app_id: str, datadir: str) -> 
 
     @app.agent(src)
     async def count(stream):
-        async for key, _value in stream.items():
-            name = key.decode()
+        async for event in stream.events():
+            name = event.key.decode()
             counts[name] += 1
-            await out.send(key=key, value=str(counts[name]).encode())
+            app.log.info("counted %s at offset %d: %d", name, event.message.offset, counts[name])
+            await out.send(key=event.key, value=str(counts[name]).encode())
 
     return app
 
