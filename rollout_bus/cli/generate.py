@@ -49,6 +49,8 @@ from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import ConfigError, RolloutBusError, Stopped
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
+from rollout_bus.kafka.flow_reporter import FlowReporter
+from rollout_bus.model.flow_metrics import generator_flow
 from rollout_bus.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
@@ -110,6 +112,7 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
                TimeElapsedColumn())
     began = time.monotonic()
     watcher = WeightWatcher(kwargs, topics, initial=settings.policy_version) if follows else None
+    flow = FlowReporter(kwargs, topics, "generator", settings.generator_id())
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="", gate="",
@@ -119,6 +122,7 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
                 weights = "" if s.live_version_max is None else f", weights v{s.live_version_max}"
                 progress.update(task, completed=len(s.episodes), turns=s.turns_sent, mb=s.bytes_sent / 1e6,
                                 weights=weights)
+                flow.report(generator_flow(s.weight_waited_s, s.weight_waits, flow.elapsed_s))
 
             def on_wait(wait: BrokerWait | None) -> None:
                 note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
@@ -150,7 +154,9 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
                 else:
                     summary = publish_generated(settings, publisher, progress=update, gate=gate)
             update(summary)
+            flow.report(generator_flow(summary.weight_waited_s, summary.weight_waits, flow.elapsed_s), final=True)
     finally:
+        flow.close()
         if watcher is not None:
             watcher.close()
     return summary, time.monotonic() - began

@@ -85,6 +85,7 @@ def render(snapshot: dict[str, Any]) -> Group:
         shown = _short(b["metrics"], snapshot["adapter"])
         batch.add_row(str(b["batch"]), str(b["samples"]), *[_number(shown.get(m)) for m, _ in BATCH_COLUMNS])
     stale = staleness_table(snapshot)
+    flow = flow_table(snapshot)
     dlq = snapshot["dlq"]
     dead = Table(title=f"dead letters ({dlq['counted']} read, {dlq['on_topic']} on the topic)", title_justify="left")
     for column in ["stage", "kind", "count"]:
@@ -97,7 +98,7 @@ def render(snapshot: dict[str, Any]) -> Group:
     for row in snapshot["lag"]:
         lag.add_row(row["group"], row["topic"], str(row["partition"]), _number(row["committed"]), str(row["end"]),
                     str(row["lag"]), str(row.get("log_start", 0)), _retention_warning(row))
-    return Group(windows, batch, stale, dead, lag)
+    return Group(windows, batch, stale, flow, dead, lag)
 
 
 def _retention_warning(row: dict[str, Any]) -> str:
@@ -107,6 +108,32 @@ def _retention_warning(row: dict[str, Any]) -> str:
     if row.get("near_log_start"):
         return "[yellow]near the log start: unread records may be deleted[/yellow]"
     return ""
+
+
+FLOW_SOURCE_COLUMNS = (("flow/generator/gate_blocked_s", "flow/trainer/wait_s"),
+                       ("flow/generator/gate_blocked_fraction", "flow/trainer/wait_fraction"))
+BATCH_FLOW = (("flow/sample_age_s/p50", "age p50 s"), ("flow/sample_age_s/p99", "age p99 s"),
+              ("flow/discarded_token_fraction/aborted", "aborted"),
+              ("flow/discarded_token_fraction/removed", "removed"),
+              ("flow/discarded_token_fraction/stale", "stale"))
+
+
+def flow_table(snapshot: dict[str, Any]) -> Table:
+    """Who waits: each generator's time behind the staleness gate and the trainer's waiting for batches (rows),
+    then the latest batch's sample age and discarded-token fractions by cause (the title)."""
+    b = snapshot.get("batch")
+    shown = _short(b["metrics"], snapshot["adapter"]) if b is not None else {}
+    batch = ", ".join(f"{head} {_number(shown[key])}" for key, head in BATCH_FLOW if key in shown)
+    title = "flow: waiting by source" + (f"; batch {b['batch']}: {batch} (token fractions)" if batch else "")
+    table = Table(title=title, title_justify="left")
+    for column in ("stage", "source", "waited s", "fraction", "elapsed s", "ended"):
+        table.add_column(column, justify="left" if column in ("stage", "source") else "right")
+    for row in (snapshot.get("flow") or {}).get("sources", []):
+        mine = _short(row["metrics"], None)
+        waited, fraction = (next((mine[key] for key in keys if key in mine), None) for keys in FLOW_SOURCE_COLUMNS)
+        table.add_row(row["stage"], row["source"], _number(waited), _number(fraction), _number(row["elapsed_s"]),
+                      "yes" if row["final"] else "no")
+    return table
 
 
 def staleness_table(snapshot: dict[str, Any]) -> Table:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,9 +141,11 @@ class ShardFeed:
                 return
             yield batch
 
-    def next_batch(self, timeout_s: float | None = None) -> TrainBatch | None:
+    def next_batch(self, timeout_s: float | None = None,
+                   on_wait: Callable[[float], None] | None = None) -> TrainBatch | None:
         """The next batch of this rank; None once the run is over; ``FeedTimeoutError`` after
-        ``timeout_s`` (default: the feed's) without it."""
+        ``timeout_s`` (default: the feed's) without it. ``on_wait(waited_s)`` before each poll of the topic
+        while the batch is not there yet (a trainer says it is starved even while it waits)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if self._reader is None:
             self._reader = TopicReader(self._conn, [self.topic])
@@ -172,6 +174,8 @@ class ShardFeed:
                 raise FeedTimeoutError(f"rank {self.rank}: no batch {self._next if self._next is not None else '(any)'} "
                                        f"on {self.topic} within {timeout:.0f}s (last seq seen: {self._last_seen}); "
                                        "is the shard writer running?")
+            if on_wait is not None:
+                on_wait(time.monotonic() - (deadline - timeout))
             self._fold(self._reader.poll(timeout_ms=POLL_MS)[self.topic])
 
     def _fold(self, records: list[Any]) -> None:

@@ -13,7 +13,10 @@ Contract:
   resumes from it (a checkpoint of another ``shape`` is a ``ConfigError``) and rewrites
   ``trained.jsonl`` from it. ``read_trained(checkpoint_dir)`` reads the rows.
 * ``next_batches(feeds)``: the next batch of every rank (one seq; ranks that disagree are a
-  ``ContractError``), or None at the run's end.
+  ``ContractError``), or None at the run's end. ``TrainerFlow(feeds, conn, topics)`` does the same
+  (``next_batches``) and times it: ``stepped()`` after each step and ``finish()`` at the run's end report
+  the time waited for batches on rollout.metrics (``model.flow_metrics.trainer_flow``; source
+  ``trainer_source(feeds)``: ``trainer``, or ``trainer-ranks-0-1`` for a process that trains only some ranks).
 * ``reconcile_training(written_seqs, rows, ranks)``: every written seq trained exactly once per
   rank, in seq order, nothing else. ``staleness_problems(manifests, max_staleness)``: the closed
   loop's check of a run's batch metrics.
@@ -23,7 +26,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,10 @@ from torch import nn
 
 from rollout_bus.errors import ConfigError, ContractError, must_be
 from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
+from rollout_bus.kafka.flow_reporter import FlowReporter
 from rollout_bus.model.files import write_atomic
+from rollout_bus.model.flow_metrics import trainer_flow
+from rollout_bus.wire.topics import Topics
 
 CHECKPOINT_NAME = "checkpoint.pt"
 TRAINED_NAME = "trained.jsonl"
@@ -96,9 +103,11 @@ class TrainState:
         return True
 
 
-def next_batches(feeds: Mapping[int, ShardFeed]) -> list[TrainBatch] | None:
-    """The next batch of every rank (one seq), or None when every feed reached the run's end."""
-    batches = {rank: feed.next_batch() for rank, feed in feeds.items()}
+def next_batches(feeds: Mapping[int, ShardFeed],
+                 on_wait: Callable[[float], None] | None = None) -> list[TrainBatch] | None:
+    """The next batch of every rank (one seq), or None when every feed reached the run's end; ``on_wait`` as
+    ``ShardFeed.next_batch`` takes it."""
+    batches = {rank: feed.next_batch(on_wait=on_wait) for rank, feed in feeds.items()}
     if all(b is None for b in batches.values()):
         return None
     seqs = {rank: (b.seq if b is not None else "end of run") for rank, b in batches.items()}
@@ -106,6 +115,48 @@ def next_batches(feeds: Mapping[int, ShardFeed]) -> list[TrainBatch] | None:
         raise ContractError(f"the ranks' feeds disagree on the next batch: {seqs} (rank: seq); every rank must "
                             "train the same seq in a step")
     return [b for b in batches.values() if b is not None]
+
+
+def trainer_source(feeds: Mapping[int, ShardFeed]) -> str:
+    """``trainer`` for a process that trains every rank; ``trainer-ranks-0-1`` for one that trains some."""
+    ranks = sorted(feeds)
+    whole = bool(ranks) and len(ranks) == next(iter(feeds.values())).dp_size
+    return "trainer" if whole else "trainer-ranks-" + "-".join(map(str, ranks))
+
+
+class TrainerFlow:
+    """The trainer's time waiting for its next batch, measured around ``next_batches`` and reported."""
+
+    def __init__(self, feeds: Mapping[int, ShardFeed], conn: Mapping[str, Any], topics: Topics) -> None:
+        self.feeds = feeds
+        self.reporter = FlowReporter(conn, topics, "trainer", trainer_source(feeds))
+        self.waited_s = 0.0
+        self.steps = 0
+
+    def next_batches(self) -> list[TrainBatch] | None:
+        began = time.monotonic()
+
+        def waiting(_: float) -> None:  # a starved trainer is said while it waits, not only after
+            self.reporter.report(trainer_flow(self.waited_s + time.monotonic() - began, self.steps,
+                                              self.reporter.elapsed_s))
+        try:
+            return next_batches(self.feeds, on_wait=waiting)
+        finally:
+            self.waited_s += time.monotonic() - began
+
+    def _metrics(self) -> dict[str, float]:
+        return trainer_flow(self.waited_s, self.steps, self.reporter.elapsed_s)
+
+    def stepped(self) -> None:
+        self.steps += 1
+        self.reporter.report(self._metrics())
+
+    def finish(self) -> None:
+        """The last report (final), once the trainer reached its end."""
+        self.reporter.report(self._metrics(), final=True)
+
+    def close(self) -> None:
+        self.reporter.close()
 
 
 def mean_loss(history: list[dict[str, Any]], seq: int) -> float | None:

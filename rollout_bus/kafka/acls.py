@@ -12,14 +12,15 @@ role          allowed
 ============  ========================================================================================
 every role    DESCRIBE and DESCRIBE_CONFIGS on every topic of the prefix (finding the run's topics and
               their record limits); READ and WRITE on rollout.run (the first stage declares the batching)
-generator     WRITE rollout.turns (turns, end-of-run markers), rollout.dlq; READ rollout.weights
+generator     WRITE rollout.turns (turns, end-of-run markers), rollout.dlq, rollout.metrics (its flow);
+              READ rollout.weights
 stream        READ rollout.turns, WRITE rollout.turns (a misplaced turn re-routed), rollout.episodes,
               rollout.metrics, rollout.dlq; its group (the Faust app id) and the Faust app's own topics
               (``{app_id}-...``: state changelog, leader topic): READ, WRITE, CREATE, ALTER (the
               changelog grows with rollout.turns)
 shards        READ rollout.episodes, rollout.shards (its own announcements, on recovery), rollout.weights
               (staleness); WRITE rollout.shards, rollout.metrics, rollout.dlq; its group
-trainer       READ rollout.shards, rollout.weights; WRITE rollout.weights
+trainer       READ rollout.shards, rollout.weights; WRITE rollout.weights, rollout.metrics (its flow)
 observer      READ every topic of the prefix, DESCRIBE its groups (``{prefix}rollout-bus-...``: lag); no write
 ============  ========================================================================================
 
@@ -83,7 +84,8 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
                       + _group(t.group(GROUPS_PREFIX), "DESCRIBE", prefixed=True))
     found = _topic(run_topics, "DESCRIBE", "DESCRIBE_CONFIGS", prefixed=True) + _topic(t.run, "READ", "WRITE")
     if role == "generator":
-        found += _topic(t.turns, "WRITE") + _topic(t.dlq, "WRITE") + _topic(t.weights, "READ")
+        found += (_topic(t.turns, "WRITE") + _topic(t.dlq, "WRITE") + _topic(t.weights, "READ")
+                  + _topic(t.metrics, "WRITE"))
     elif role == "stream":
         app = t.group(stream_app_id)
         found += (_topic(t.turns, "READ", "WRITE") + _topic(t.episodes, "WRITE") + _topic(t.metrics, "WRITE")
@@ -94,7 +96,7 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
         found += (_topic(t.episodes, "READ") + _topic(t.shards, "READ", "WRITE") + _topic(t.weights, "READ")
                   + _topic(t.metrics, "WRITE") + _topic(t.dlq, "WRITE") + _group(t.group(shards_group), "READ", "DESCRIBE"))
     else:  # trainer
-        found += _topic(t.shards, "READ") + _topic(t.weights, "READ", "WRITE")
+        found += _topic(t.shards, "READ") + _topic(t.weights, "READ", "WRITE") + _topic(t.metrics, "WRITE")
     return sorted(set(found))
 
 

@@ -50,7 +50,8 @@ import torch
 
 from rollout_bus.errors import ConfigError, ContractError, must_be
 from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
-from rollout_bus.feed.training import CHECKPOINT_NAME, TrainState, mean_loss, next_batches
+from rollout_bus.wire.topics import Topics
+from rollout_bus.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
 from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 from rollout_bus.policy.checkpoint import CheckpointRef, read_checkpoint, save_checkpoint
@@ -248,6 +249,8 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
     feeds = {rank: ShardFeed(options.bootstrap_servers, rank=rank, dp_size=options.dp_size,
                              shards_root=options.shards_root, topic_prefix=options.topic_prefix,
                              timeout_s=options.timeout_s, **options.kafka) for rank in options.ranks}
+    flow = TrainerFlow(feeds, {"bootstrap_servers": options.bootstrap_servers, **options.kafka},
+                       Topics(prefix=options.topic_prefix))
     publisher = options.ranks[0]
     shape = {**options.shape(), "topic": next(iter(feeds.values())).topic}
     began: float | None = None
@@ -265,7 +268,7 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
             _publish(feeds, publisher, ref)
             log.info("published weights version=0 path=%s sha256=%s", ref.path, ref.sha256)
         while options.max_batches is None or len(state.trained) < options.max_batches:
-            batches = next_batches(feeds)
+            batches = flow.next_batches()
             if batches is None:
                 break
             began = time.monotonic() if began is None else began
@@ -282,6 +285,7 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
             weights.add(ref)
             _publish(feeds, publisher, ref)  # the new weights are live: generators load them between steps
             state.trained.append(seq)
+            flow.stepped()
             state.history.extend(rows)
             state.extra["versions"] = weights.refs
             wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), f"the checkpoint after batch {seq}")
@@ -289,7 +293,9 @@ def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
             if on_progress is not None:
                 reward = sum(r["reward_mean"] for r in rows) / len(rows)
                 on_progress(LearnProgress(len(state.trained), seq, mean_loss(state.history, seq), reward))
+        flow.finish()
     finally:
+        flow.close()
         for feed in feeds.values():
             feed.close()
     last = state.trained[-1] if state.trained else None

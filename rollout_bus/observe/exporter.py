@@ -16,6 +16,13 @@ Contract (the series compose/README.md and the Grafana dashboard read):
 * Counters ``rollout_episodes_total{adapter}``, ``rollout_batches_total``,
   ``rollout_batch_samples_total``, ``rollout_dlq_records_total{stage, reason}`` (reason: the
   dead letter's kind), and the gauge ``rollout_consumer_lag{group, topic, partition}``.
+* Flow (``metrics_view.MetricsView.flow``): per generator or trainer (label ``source``) the gauges
+  ``rollout_flow_generator_gate_blocked_fraction`` and ``rollout_flow_trainer_wait_fraction`` and the counters
+  ``rollout_flow_generator_gate_blocked_seconds_total``, ``rollout_flow_generator_gate_waits_total``,
+  ``rollout_flow_trainer_wait_seconds_total``, ``rollout_flow_trainer_steps_total`` (a restarted source starts
+  again from 0: a counter reset); the latest batch's ``rollout_flow_sample_age_s_{p50,p99,max}`` and
+  ``rollout_flow_discarded_token_fraction*`` gauges (``kind="batch"``, as every batch metric); and over every
+  batch ``rollout_flow_discarded_tokens_total{cause}`` and ``rollout_flow_response_tokens_total``.
 * Counters are restart-safe by recomputation: the exporter reads rollout.metrics and rollout.dlq
   from the beginning and serves nothing until it has caught up with the end offsets it found at
   start, so a restarted exporter reports the same totals (Prometheus sees no reset). Batches count
@@ -97,7 +104,7 @@ def snapshot_families(snapshot: dict[str, Any]) -> list[Metric]:
     for row in snapshot["lag"]:
         lag.add_metric([row["group"], row["topic"], str(row["partition"])], row["lag"])
         lost.add_metric([row["group"], row["topic"], str(row["partition"])], row.get("lost", 0))
-    families += [window_episodes, episodes, batches, samples, dlq, lag, lost]
+    families += [window_episodes, episodes, batches, samples, dlq, lag, lost, *flow_families(snapshot.get("flow"))]
     if snapshot["batch"] is not None:
         families.append(GaugeMetricFamily("rollout_latest_batch", "sequence of the latest batch",
                                           value=snapshot["batch"]["batch"]))
@@ -109,6 +116,45 @@ def snapshot_families(snapshot: dict[str, Any]) -> list[Metric]:
     if version is not None:
         families.append(GaugeMetricFamily("rollout_trainer_weight_version",
                                           "the trainer's live weight version (rollout.weights)", value=version))
+    return families
+
+
+def _flow_name(key: str) -> str:
+    """``rollout/flow/trainer/wait_s`` -> ``rollout_flow_trainer_wait_seconds`` (seconds said in full)."""
+    name, _ = metric_series(key)
+    return name[:-2] + "_seconds" if name.endswith("_s") else name
+
+
+def flow_families(flow: dict[str, Any] | None) -> list[Metric]:
+    """The generators' and the trainer's flow by source (fractions as gauges, totals as counters), and the
+    batches' discarded and response tokens summed (counters)."""
+    if not flow:
+        return []
+    gauges: dict[str, GaugeMetricFamily] = {}
+    counters: dict[str, CounterMetricFamily] = {}
+    for row in flow["sources"]:
+        for key, value in sorted(row["metrics"].items()):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            name = _flow_name(key)
+            if name.endswith("_fraction"):
+                family = gauges.setdefault(name, GaugeMetricFamily(
+                    name, f"{row['stage']} flow: {key} (rollout.metrics)", labels=["source"]))
+            else:
+                family = counters.setdefault(name, CounterMetricFamily(
+                    name, f"{row['stage']} flow: {key} since it started (rollout.metrics)", labels=["source"]))
+            family.add_metric([row["source"]], float(value))
+    tokens = CounterMetricFamily("rollout_flow_discarded_tokens", "response tokens that never train, by cause, "
+                                 "summed over the batches", labels=["cause"])
+    totals = flow["batch_totals"]
+    for key, value in totals.items():
+        if key.startswith(f"{METRIC_PREFIX}flow/discarded_tokens/"):
+            tokens.add_metric([key.rsplit("/", 1)[1]], value)
+    families: list[Metric] = [*gauges.values(), *counters.values(), tokens]
+    response = totals.get(f"{METRIC_PREFIX}flow/response_tokens")
+    if response is not None:
+        families.append(CounterMetricFamily("rollout_flow_response_tokens", "response tokens of every episode the "
+                                            "batches decided on (written and stale)", value=response))
     return families
 
 

@@ -17,7 +17,10 @@ Contract:
   the exporter turns into Prometheus series. Unreadable records are counted (``skipped``), never fatal.
   ``staleness`` is ``staleness_rows`` of the latest batch's metrics; ``trainer`` is the
   ``records.WeightVersion`` handed in as ``weights`` (``weight_version``, ``step``,
-  ``published_at``), all None when there is none (no rollout.weights, or nothing published).
+  ``published_at``), all None when there is none (no rollout.weights, or nothing published). ``flow``
+  is ``flow()``: ``sources``, the latest flow record (``records.flow_metrics_record``) of each (stage,
+  source) as ``{"stage", "source", "elapsed_s", "final", "metrics"}``, and ``batch_totals``, every batch's
+  ``rollout/flow/discarded_tokens/*`` and ``rollout/flow/response_tokens`` summed over distinct batches.
 * ``staleness_rows(metrics)``: one row per scope holding ``staleness/*`` keys
   (``metrics.compute_staleness_metrics``), ``{"adapter", "mean", "max", "oldest"}`` (None where a
   key is missing), the unscoped row first, then adapters by name.
@@ -45,6 +48,7 @@ WindowId = tuple[int, int, str | None]  # start_ms, end_ms, adapter
 _ADAPTER_SCOPE = "adapter/"
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 _STALENESS = "staleness/"
+FLOW_TOTALS = (f"{METRIC_PREFIX}flow/discarded_tokens/", f"{METRIC_PREFIX}flow/response_tokens")  # summed over batches
 STALENESS_STATS = ("mean", "max", "oldest")
 
 
@@ -81,6 +85,7 @@ class MetricsView:
         self._windows: dict[WindowId, dict[int | None, dict[str, Any]]] = {}
         self._episodes: dict[tuple[WindowId, int | None], int] = {}  # kept after a window is pruned
         self._batches: dict[int, dict[str, Any]] = {}
+        self._flow: dict[tuple[str, str], dict[str, Any]] = {}  # the latest flow record of each (stage, source)
         self._dlq: Counter[tuple[str, str]] = Counter()
         self.skipped = 0
 
@@ -94,6 +99,8 @@ class MetricsView:
                 self._add_window(doc)
             elif doc.get("kind") == "batch":
                 self._add_batch(doc)
+            elif doc.get("kind") == "flow":
+                self._add_flow(doc)
             else:
                 raise ContractError(f"unknown metrics record kind {doc.get('kind')!r}")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -128,6 +135,21 @@ class MetricsView:
             metrics = {k: v for k, v in metrics.items() if k.startswith(scope)}
         self._batches[seq] = {"batch": seq, "samples": int(doc["samples"]), "manifest": doc.get("manifest"),
                               "metrics": metrics}
+
+    def _add_flow(self, doc: dict[str, Any]) -> None:
+        stage, source = str(doc["stage"]), str(doc["source"])
+        self._flow[(stage, source)] = {"stage": stage, "source": source, "elapsed_s": float(doc["elapsed_s"]),
+                                       "final": bool(doc.get("final")), "metrics": dict(doc["metrics"])}
+
+    def flow(self) -> dict[str, Any]:
+        """The latest flow record of each (stage, source), in that order, and the batch flow summed over batches."""
+        totals: Counter[str] = Counter()
+        for batch in self._batches.values():
+            for key, value in batch["metrics"].items():
+                if key.startswith(FLOW_TOTALS) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    totals[key] += value
+        return {"sources": [self._flow[k] for k in sorted(self._flow)],
+                "batch_totals": {k: float(v) for k, v in sorted(totals.items())}}
 
     def add_dead_letter(self, letter: DeadLetter) -> None:
         if self.adapter is not None and rollout_key_adapter(letter.key) != self.adapter:
@@ -181,6 +203,7 @@ class MetricsView:
                         "published_at": weights.published_at if weights is not None else None},
             "dlq": {"counted": sum(self._dlq.values()), "on_topic": dlq_records, "by_reason": dlq},  # on_topic: unfiltered
             "lag": list(lag or []),
+            "flow": self.flow(),
             "skipped": self.skipped,
         }
 

@@ -13,6 +13,9 @@ Contract:
   from rollout.metrics batch records for a batch neither holds (samples and staleness only). A
   row's ``staleness`` is ``metrics_view.staleness_rows`` of its metrics (mean / max / oldest per
   scope), shown in the batch table; empty when the batch has no staleness metrics.
+* ``fold_flow(docs)`` gives the run's flow (``Flow``): from rollout.metrics batch records, each batch's
+  ``rollout/flow/...`` metrics by seq (the manifest holds none), and the latest flow record of each
+  (stage, source): the generators' time behind the staleness gate, the trainer's waiting for batches.
 * ``fold_dead_letters(letters)`` counts dead letters by ``(stage, kind)`` with a few
   example reasons (of distinct patterns: numbers and bracketed keys blanked) and sources,
   largest count first.
@@ -85,6 +88,14 @@ class BatchRow:
 
 
 @dataclass(frozen=True)
+class Flow:
+    """Who waited, and how old and how wasted each batch was (``fold_flow``)."""
+
+    batches: dict[int, dict[str, float]] = field(default_factory=dict)  # seq -> its flow metrics, without rollout/
+    sources: list[dict[str, Any]] = field(default_factory=list)  # the latest flow record of each (stage, source)
+
+
+@dataclass(frozen=True)
 class DlqGroup:
     """Dead letters of one stage and kind."""
 
@@ -124,6 +135,7 @@ class Report:
     shards_dir: str | None = None
     color_order: tuple[str | None, ...] = ()  # every adapter of the run, so a filter keeps the colours
     learning: LearningCurve | None = None  # with a trainer's trained.jsonl: the reward curve
+    flow: Flow = field(default_factory=Flow)
 
     @property
     def episodes(self) -> int:
@@ -211,6 +223,27 @@ def fold_batches(announcements: Iterable[Mapping[str, Any]], manifests: Iterable
     return [rows[seq] for seq in sorted(rows)]
 
 
+_FLOW = "rollout/flow/"
+
+
+def fold_flow(docs: Iterable[Mapping[str, Any]]) -> Flow:
+    """The run's flow from its rollout.metrics records, in topic order (see the module contract)."""
+    batches: dict[int, dict[str, float]] = {}
+    sources: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in docs:
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("metrics"), Mapping):
+            continue
+        found = {k[len("rollout/"):]: float(v) for k, v in doc["metrics"].items() if k.startswith(_FLOW)
+                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if doc.get("kind") == "batch" and _int_or_none(doc.get("batch")) is not None and found:
+            batches[int(doc["batch"])] = found
+        elif doc.get("kind") == "flow" and isinstance(doc.get("stage"), str) and isinstance(doc.get("source"), str):
+            sources[(doc["stage"], doc["source"])] = {
+                "stage": doc["stage"], "source": doc["source"], "elapsed_s": doc.get("elapsed_s"),
+                "final": bool(doc.get("final")), "metrics": found}
+    return Flow(dict(sorted(batches.items())), [sources[k] for k in sorted(sources)])
+
+
 def _reason_pattern(reason: str) -> str:
     """A reason with its particulars (numbers, bracketed keys) blanked: examples should differ in kind."""
     return re.sub(r"\[[^\]]*\]|\d+", "#", reason)
@@ -263,7 +296,7 @@ def build_report(run: RawRun, topics: Topics, *, title: str | None = None, adapt
     run_name = topics.prefix.rstrip(".") or "(no topic prefix)"
     return Report(title or f"rollout-bus run {run_name}", topics, windows, batches, fold_dead_letters(letters),
                   dict(run.counts), run.first_ms, run.last_ms, _adapters_of(windows, batches), tuple(sorted(chosen)),
-                  shards_dir, every, learning)
+                  shards_dir, every, learning, fold_flow(run.metrics))
 
 
 # ---------------------------------------------------------------------------- the page
@@ -391,6 +424,60 @@ def _batch_section(report: Report) -> str:
                 "partial", "staleness mean / max / oldest", "from"], rows, {0, 2, 3, 4, 5, 6, 7})])
 
 
+_CAUSES = (("aborted", "#d55e00"), ("removed", "#e69f00"), ("stale", "#cc79a7"))
+
+
+def _count(value: float | None) -> str:
+    """A token count (carried as a float in the metrics) as a whole number."""
+    return _num(int(value)) if value is not None and math.isfinite(value) else "n/a"
+
+
+def _flow_section(report: Report) -> str:
+    """Who waited (generators behind the staleness gate, the trainer for batches), then per batch the age of
+    its samples and the tokens thrown away by cause."""
+    from rollout_bus.observe.charts import Bar, Series, bar_chart, line_chart
+
+    flow = report.flow
+    if not flow.batches and not flow.sources:
+        return (f'<p class="note">No flow metrics on <code>{escape(report.topics.metrics)}</code> (written by '
+                "generators, the trainer and the shard writer of this version).</p>")
+    parts = []
+    if flow.sources:
+        def waited(row: dict[str, Any], suffix: str) -> float | None:
+            keys = (f"flow/generator/gate_blocked{suffix}", f"flow/trainer/wait{suffix}")
+            return next((row["metrics"][k] for k in keys if k in row["metrics"]), None)
+        rows = [(escape(r["stage"]), f'<code>{escape(r["source"])}</code>', _num(waited(r, "_s")),
+                 _num(waited(r, "_fraction"), 3), _num(r["elapsed_s"]), "yes" if r["final"] else "no")
+                for r in flow.sources]
+        parts.append(_table(["stage", "source", "waited s", "fraction of its time", "elapsed s", "ended"], rows,
+                            {2, 3, 4}))
+    aged = [(seq, m) for seq, m in flow.batches.items() if "flow/sample_age_s/p50" in m]
+    if aged:
+        def age(name: str, color: str, key: str) -> Series:
+            return Series(name, color, [float(s) for s, _ in aged], [m[key] for _, m in aged],
+                          tips=[f"batch {s}: {name} {_num(m[key], 2)} s" for s, m in aged])
+        ages = [age("p50", "#0072b2", "flow/sample_age_s/p50"), age("p99", "#d55e00", "flow/sample_age_s/p99")]
+        chart = line_chart(ages, title="Sample age when its batch is written", x_label="batch seq",
+                           y_label="seconds since the final turn", y_min=0)
+        parts.append(f'<div class="panel">{chart}</div>')
+    if flow.batches:
+        bars = [Bar(str(seq), [(cause, color, m.get(f"flow/discarded_tokens/{cause}", 0.0))
+                               for cause, color in _CAUSES],
+                    f"batch {seq}: " + ", ".join(f"{cause} {_count(m.get(f'flow/discarded_tokens/{cause}'))}"
+                                                 for cause, _ in _CAUSES)
+                    + f" of {_count(m.get('flow/response_tokens'))} response tokens") for seq, m in flow.batches.items()]
+        chart = bar_chart(bars, title="Discarded response tokens per batch, by cause", x_label="batch seq",
+                          y_label="tokens")
+        parts.append(f'<div class="panel">{chart}</div>')
+        rows = [(str(seq), _num(m.get("flow/sample_age_s/p50"), 2), _num(m.get("flow/sample_age_s/p99"), 2),
+                 _count(m.get("flow/response_tokens")),
+                 *(_num(m.get(f"flow/discarded_token_fraction/{cause}"), 3) for cause, _ in _CAUSES))
+                for seq, m in flow.batches.items()]
+        parts.append(_table(["batch", "age p50 s", "age p99 s", "response tokens",
+                             *(f"{cause} fraction" for cause, _ in _CAUSES)], rows, {0, 1, 2, 3, 4, 5, 6}))
+    return "".join(parts)
+
+
 def _staleness_cell(row: BatchRow) -> str:
     """Trainer steps behind, per scope: ``mean / max / oldest`` (an adapter's name first when scoped)."""
     def number(value: Any) -> str:
@@ -465,5 +552,9 @@ def render_html(report: Report) -> str:
         _window_charts(report), _window_table(report),
         "<h2>Batches</h2>", '<p class="note">Trainer batches written, from their manifests.</p>',
         _batch_section(report),
+        "<h2>Flow</h2>", '<p class="note">Who waited: each generator behind the staleness bound, the trainer for its '
+        "next batch. Per batch: how old its samples were when it was written (from each episode's final turn), "
+        "and which response tokens never train, by cause.</p>",
+        _flow_section(report),
         "<h2>Dead letters</h2>", '<p class="note">Records rejected by a stage, by stage and kind.</p>',
         _dlq_section(report), *_learning_section(report), "</main></body></html>"])

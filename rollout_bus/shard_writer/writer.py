@@ -28,8 +28,9 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
   ignored, with a warning. The loop goes on with the next batch.
 * A batch to write is written with ``write_batch_shards`` (shards, then ``manifest.json``, each
   atomic; its metrics carry ``staleness/{mean,max,oldest}`` with step = the batch seq in both
-  modes: ``out_dir.batch_metrics``). Then the batch metrics record goes to
-  rollout.metrics and is confirmed, then the manifest (``out_dir.announcement``) to rollout.shards,
+  modes: ``out_dir.batch_metrics``). Then the batch metrics record (those metrics plus the batch's
+  flow metrics, ``rollout_bus.shard_writer.flow``) goes to rollout.metrics and is confirmed, then the
+  manifest (``out_dir.announcement``) to rollout.shards,
   key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
   first offset of a record not yet in a written, dead-lettered or skipped batch (or flush). The
   batches due at one turn of the loop are said together (``_write_all``): their files first, then
@@ -91,6 +92,7 @@ from rollout_bus.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from rollout_bus.shard_writer.decide import Decision, Verdict, decide, write_decided
 from rollout_bus.shard_writer.options import WriterOptions, WriterStats
+from rollout_bus.shard_writer.flow import batch_flow
 from rollout_bus.shard_writer.out_dir import announcement, manifest_place, written_keys
 from rollout_bus.shard_writer.recovery import announced_on, recover
 from rollout_bus.shard_writer.writer_lock import hold_writer_lock
@@ -125,10 +127,12 @@ LOOKUP_CACHE = 16
 @dataclass(frozen=True)
 class _Said:
     """What rollout.metrics and rollout.shards are told of one decided batch: written (seq, manifest, its
-    directory), or skipped (a seq that will never be written)."""
+    directory) with its flow metrics (``rollout_bus.shard_writer.flow``; none for a batch found on disk), or
+    skipped (a seq that will never be written)."""
 
     written: tuple[int, dict[str, Any], Path] | None = None
     skipped: BatchSkipped | None = None
+    flow: dict[str, float] | None = None
 
 
 class ShardWriter:
@@ -404,7 +408,7 @@ class ShardWriter:
         self.stats.batches_written += 1
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
-        return _Said(written=(batch.seq, manifest, directory))
+        return _Said(written=(batch.seq, manifest, directory), flow=batch_flow(decision, time.time_ns() // 1_000_000))
 
     def _write_files(self, decision: Decision) -> dict[str, Any]:
         try:
@@ -430,7 +434,8 @@ class ShardWriter:
         for item in said:
             if item.written is not None:
                 seq, manifest, directory = item.written
-                value = batch_metrics_record(seq, manifest["metrics"], samples=int(manifest["num_samples"]),
+                value = batch_metrics_record(seq, manifest["metrics"] | (item.flow or {}),
+                                             samples=int(manifest["num_samples"]),
                                              manifest_path=manifest_place(Path(directory)))
                 self._outbox.send(Outgoing(self.topics.metrics, str(seq).encode(), value, [], f"batch {seq} metrics"))
         self._outbox.confirm()

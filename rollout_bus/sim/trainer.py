@@ -48,7 +48,8 @@ import torch
 from torch import nn
 
 from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
-from rollout_bus.feed.training import CHECKPOINT_NAME, TrainState, mean_loss, next_batches
+from rollout_bus.wire.topics import Topics
+from rollout_bus.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.files import wait_for_disk
@@ -210,6 +211,8 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
     feeds = {rank: ShardFeed(options.bootstrap_servers, rank=rank, dp_size=options.dp_size,
                              shards_root=options.shards_root, topic_prefix=options.topic_prefix,
                              timeout_s=options.timeout_s, **options.kafka) for rank in options.ranks}
+    flow = TrainerFlow(feeds, {"bootstrap_servers": options.bootstrap_servers, **options.kafka},
+                       Topics(prefix=options.topic_prefix))
     shape = {**options.shape(), "topic": next(iter(feeds.values())).topic}
     try:
         resumed = state.load(checkpoint_dir, feeds, shape)
@@ -219,7 +222,7 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
                      resumed_from, next(iter(feeds.values())).next_seq)
         saved_at = resumed_from if resumed else -1
         while options.max_batches is None or len(state.trained) < options.max_batches:
-            batches = next_batches(feeds)
+            batches = flow.next_batches()
             if batches is None:
                 break
             seq = batches[0].seq
@@ -227,6 +230,7 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
             if options.publish_weights:  # the new weights are live: generators may start the next batches
                 feeds[options.ranks[0]].publish_version(seq + 1, seq)
             state.trained.append(seq)
+            flow.stepped()
             state.history.extend(rows)
             log.info(_step_line(seq, rows, batches[0].metrics))
             if len(state.trained) % options.checkpoint_every == 0:
@@ -241,7 +245,9 @@ def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None
             wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), "the checkpoint")
             log.info("checkpoint batches=%d last_seq=%s path=%s (end)", len(state.trained),
                      state.trained[-1] if state.trained else None, checkpoint_dir / CHECKPOINT_NAME)
+        flow.finish()
     finally:
+        flow.close()
         for feed in feeds.values():
             feed.close()
     last = state.trained[-1] if state.trained else None

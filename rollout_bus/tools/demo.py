@@ -36,6 +36,7 @@ from rollout_bus.kafka.dev.secure import SecureSetup
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.tools.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.observe.learning import learning_curve, reward_charts
+from rollout_bus.observe.report import Flow, fold_flow
 from rollout_bus.tools.processes import StageProcess
 from rollout_bus.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
@@ -277,9 +278,10 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         run.stop_stages()
     final = run.reconcile(watcher, verify=True)
     training = run.check_training()
-    window_records = [v for v in watcher.json_values(run.topics.metrics) if v.get("kind") == "window"]
+    watcher.catch_up()  # the trainer's and the generators' last flow records, sent as they ended
+    metrics_records = watcher.json_values(run.topics.metrics)
     watcher.close()
-    print_report(console, run, final, window_records, time.monotonic() - began)
+    print_report(console, run, final, metrics_records, time.monotonic() - began)
     if training is not None:
         console.print(f"{training.summary()} (checkpoints: {run.train_dir.resolve()})", soft_wrap=True)
     if failure:
@@ -356,11 +358,45 @@ def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
     return table
 
 
-def print_report(console: Console, run: DemoRun, result: Reconciliation | None, windows: list[dict],
+def flow_tables(flow: Flow) -> list[Table]:
+    """Who waited (each generator behind the staleness gate, the trainer for batches) and each batch's sample
+    age and discarded tokens by cause, as the run's rollout.metrics records say."""
+    tables = []
+    if flow.sources:
+        waiting = Table(title="flow: time spent waiting", show_lines=False)
+        for column in ("stage", "source", "waited s", "fraction", "elapsed s", "waits/steps"):
+            waiting.add_column(column, justify="left" if column in ("stage", "source") else "right")
+        for row in flow.sources:
+            m, stage = row["metrics"], row["stage"]
+            waited, fraction, count = (("flow/generator/gate_blocked_s", "flow/generator/gate_blocked_fraction",
+                                        "flow/generator/gate_waits") if stage == "generator" else
+                                       ("flow/trainer/wait_s", "flow/trainer/wait_fraction", "flow/trainer/steps"))
+            waiting.add_row(stage, row["source"], f"{m.get(waited, 0.0):.2f}", f"{m.get(fraction, 0.0):.3f}",
+                            f"{row['elapsed_s'] or 0.0:.1f}", f"{m.get(count, 0.0):.0f}")
+        tables.append(waiting)
+    if flow.batches:
+        per_batch = Table(title="flow per batch: sample age in s (final turn to batch written); response tokens "
+                          "discarded, by cause", show_lines=False)
+        for column in ("batch", "age p50", "age p99", "age max", "tokens", "aborted", "removed", "stale"):
+            per_batch.add_column(column, justify="right", no_wrap=True)
+        for seq, m in flow.batches.items():
+            ages = [f"{m[k]:.2f}" if k in m else "-" for k in ("flow/sample_age_s/p50", "flow/sample_age_s/p99",
+                                                              "flow/sample_age_s/max")]
+            causes = [f"{m.get(f'flow/discarded_tokens/{c}', 0.0):.0f} {m.get(f'flow/discarded_token_fraction/{c}', 0.0):.1%}"
+                      for c in ("aborted", "removed", "stale")]
+            per_batch.add_row(str(seq), *ages, f"{m.get('flow/response_tokens', 0.0):.0f}", *causes)
+        tables.append(per_batch)
+    return tables
+
+
+def print_report(console: Console, run: DemoRun, result: Reconciliation | None, metrics_records: list[dict],
                  elapsed_s: float) -> None:
     batches = written_batches(run.out / "shards")
     if batches:
         console.print(_metrics_table(batches, console.width))
+    for table in flow_tables(fold_flow(metrics_records)):
+        console.print(table)
+    windows = [v for v in metrics_records if v.get("kind") == "window"]
     closed = [w for w in windows if w.get("closed")]
     console.print(f"window metrics: {len(windows)} records on {run.topics.metrics} ({len(closed)} closed windows)")
     if result is not None:

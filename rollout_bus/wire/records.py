@@ -9,8 +9,9 @@ talks to no broker.
 - rollout.episodes: key the same; value ``encode_samples(segments, TURN_FIELDS, metadata=...)``
   where the metadata is ``EpisodeInfo`` (attempt, turns, group_size, sent_at of the final turn,
   event time); headers repeat attempt/group_size/schema for consumers that filter without decoding.
-- rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record``;
-  ``fold_window_records`` merges a window's per-partition partials back into one.
+- rollout.metrics: compact JSON, ``window_metrics_record`` / ``batch_metrics_record`` / ``flow_metrics_record``
+  (a generator's or a trainer's flow so far, key ``flow_key``); ``fold_window_records`` merges a window's
+  per-partition partials back into one.
 - rollout.shards: compact, sorted JSON: a batch's manifest plus where it lies (``dir`` and
   ``manifest_path`` relative to the writer's output root, ``manifest_sha256``, and ``out_root``, the
   writer's own absolute root: a hint for readers on its machine), built by ``announcement_value`` and read back by
@@ -177,6 +178,25 @@ def fold_window_records(records: Iterable[bytes | str | Mapping[str, Any]], *, o
 def batch_metrics_record(batch_seq: int, metrics: dict[str, Any], *, samples: int, manifest_path: str) -> bytes:
     doc = {"kind": "batch", "batch": batch_seq, "samples": samples, "manifest": manifest_path,
            "metrics": prefixed(metrics)}
+    return compact_json(doc)
+
+
+FLOW_STAGES = ("generator", "trainer")
+
+
+def flow_key(stage: str, source: str) -> bytes:
+    """The key of one source's flow records: ``flow:{stage}:{source}`` (ASCII)."""
+    return f"flow:{stage}:{source}".encode("ascii", "replace")
+
+
+def flow_metrics_record(stage: str, source: str, metrics: dict[str, Any], *, elapsed_s: float, final: bool) -> bytes:
+    """A generator's or a trainer's flow since it started: ``metrics`` (keys without ``rollout/``) are totals
+    over ``elapsed_s`` seconds, so the latest record of a (stage, source) is all a reader needs; ``final``
+    on the last one, sent as it ends."""
+    if stage not in FLOW_STAGES:
+        raise ContractError(must_be("stage", f"one of {', '.join(FLOW_STAGES)}", stage))
+    doc = {"kind": "flow", "stage": stage, "source": source, "elapsed_s": round(float(elapsed_s), 3),
+           "final": bool(final), "metrics": prefixed(metrics)}
     return compact_json(doc)
 
 

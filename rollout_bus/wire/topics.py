@@ -103,7 +103,7 @@ class Topics:
                       "rollout key (adapter, kind, group_index, id) as a stable string", self.turns_partitions),
             TopicSpec(self.episodes, "one finished episode per record: its merged sibling segments, with masks",
                       "rollout key", self.episodes_partitions),
-            TopicSpec(self.metrics, "JSON: kind window|batch, the window or batch id, adapter, rollout/* metrics",
+            TopicSpec(self.metrics, "JSON: kind window|batch|flow, the window, batch or flow source id, adapter, rollout/* metrics",
                       "window or batch id"),
             TopicSpec(self.shards, "JSON manifest of every batch of trainer shards written", "batch sequence"),
             TopicSpec(self.dlq, "a rejected record: original key, value, headers plus reason, stage, source "

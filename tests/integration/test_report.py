@@ -16,7 +16,8 @@ from kafka import KafkaProducer
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.wire.records import batch_metrics_record, window_metrics_record
+from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
+from rollout_bus.wire.records import batch_metrics_record, flow_key, flow_metrics_record, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.shards import write_batch_shards
 from rollout_bus.wire.rollout_key import rollout_key_string
@@ -74,9 +75,16 @@ def publish(client_kwargs, topics) -> None:
         producer.send(topics.metrics, key=key, value=value)
     for seq in (0, 1):
         samples = [sample("math", 10 * seq + i, 12) for i in range(3)] + [sample("code<&>", 10 * seq, 30)]
+        flow = {"flow/sample_age_s/p50": 1.5 + seq, "flow/sample_age_s/p99": 4.0 + seq, "flow/response_tokens": 66.0,
+                "flow/discarded_tokens/removed": 6.0 * seq, "flow/discarded_tokens/stale": 12.0,
+                "flow/discarded_tokens/aborted": 0.0}
         producer.send(topics.metrics, key=b"%d" % seq, value=batch_metrics_record(
-            seq, compute_metrics_from_samples(samples), samples=len(samples), manifest_path="/nowhere"))
+            seq, compute_metrics_from_samples(samples) | flow, samples=len(samples), manifest_path="/nowhere"))
         producer.send(topics.shards, key=b"%d" % seq, value=json.dumps(announced(seq, samples, 66 + seq)).encode())
+    for stage, source, metrics in (("generator", "g0of1-seed1", generator_flow(2.0, 1, 8.0)),
+                                   ("trainer", "trainer", trainer_flow(3.0, 2, 8.0))):
+        producer.send(topics.metrics, key=flow_key(stage, source),
+                      value=flow_metrics_record(stage, source, metrics, elapsed_s=8.0, final=True))
     for i, (kind, reason) in enumerate([("decode", "safetensors header is not <valid> JSON"),
                                         ("decode", "safetensors header is not <valid> JSON"),
                                         ("finished", "turn 1 of attempt 0 arrived for a finished episode")]):
@@ -107,7 +115,12 @@ def test_the_report_shows_windows_batches_and_dead_letters_of_a_run(client_kwarg
     assert re.search(r'<div class="v">3</div><div class="k">batches</div>', page)
     assert re.search(r'<div class="v">3</div><div class="k">dead letters</div>', page)
     assert "code&lt;&amp;&gt;" in page and "code<&>" not in page
-    assert page.count('class="line"') == 2 + 2 + 2 + 2  # overview, one per adapter band chart, reward, episodes
+    assert page.count('class="line"') == 2 + 2 + 2 + 2 + 2  # overview, adapter bands, reward, episodes, sample age
+    flow = page.split("<h2>Flow</h2>")[1].split("<h2>")[0]
+    assert re.findall(r"<td>(generator|trainer)</td><td><code>([^<]+)</code></td><td class=\"n\">([\d.]+)</td>"
+                      r"<td class=\"n\">([\d.]+)</td>", flow) == [("generator", "g0of1-seed1", "2.0", "0.250"),
+                                                                 ("trainer", "trainer", "3.0", "0.375")]
+    assert "batch 1: aborted 0, removed 6, stale 12 of 66 response tokens" in flow
     assert page.count('class="band"') == 2
     assert "safetensors header is not &lt;valid&gt; JSON" in page and ">2</td>" in page
     rows = re.findall(r"<tr><td class=\"n\">(\d+)</td><td>([^<]*)</td><td class=\"n\">(\d+)</td>"
@@ -157,12 +170,13 @@ def test_the_report_in_headless_chromium_has_no_console_error_draws_every_chart_
     assert visit.requests == [out.as_uri()], visit.requests  # offline: the page asks for nothing else
     charts = visit.values["charts"]
     page = out.read_text()
-    assert len(charts) == page.count("<svg") == 7
+    assert len(charts) == page.count("<svg") == 9  # 5 of windows, 2 of batches, 2 of flow
     for chart in charts:  # laid out with a size, and something drawn in it
         assert chart["width"] > 100 and chart["height"] > 50 and chart["lines"] + chart["bars"] > 0, chart
     lines = [c for c in charts if c["lines"]]
-    assert sum(c["lines"] for c in charts) == page.count('class="line"') == 8
-    assert all(set(c["legend"]) == {"code<&>", "math"} for c in lines if len(c["legend"]) == 2)
+    assert sum(c["lines"] for c in charts) == page.count('class="line"') == 10  # 8, then the flow's p50 and p99
+    legends = sorted(sorted(c["legend"]) for c in lines if len(c["legend"]) == 2)
+    assert legends == [["code<&>", "math"]] * 3 + [["p50", "p99"]]  # the adapters' charts, then the sample age
     png = screenshot.read_bytes()
     width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and width > 1200 and height > 900 and len(png) > 20_000

@@ -176,10 +176,26 @@ def test_a_generator_waits_for_the_slow_trainer_and_no_turn_is_staler_than_the_b
         assert {k for k, _a in summary["episodes"]} == finals_on_topic(trainer)
         said = [line for line in gen.log().splitlines() if WAITING in line and "rollout_bus.publish.staleness_gate" in line]
         assert said and all(" INFO rollout_bus.publish.staleness_gate: " in line for line in said)  # waiting is no warning
+        flow = flow_records(client_kwargs, fresh)  # the generator's own account of its wait, on rollout.metrics
+        assert flow and flow[-1]["final"] and {d["stage"] for d in flow} == {"generator"}
+        last = flow[-1]["metrics"]
+        assert last["rollout/flow/generator/gate_waits"] == summary["weight_waits"]
+        assert last["rollout/flow/generator/gate_blocked_s"] == pytest.approx(summary["weight_waited_s"], abs=1e-3)
+        assert 0 < last["rollout/flow/generator/gate_blocked_fraction"] < 1
     finally:
         gen.kill()
         trainer.close()
     assert time.monotonic() - began < 60
+
+
+def flow_records(client_kwargs, topics: Topics) -> list[dict]:
+    """Every flow record on the run's rollout.metrics, in order."""
+    consumer = KafkaConsumer(topics.metrics, **client_kwargs, auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=3000)
+    try:
+        return [doc for doc in (json.loads(r.value) for r in consumer) if doc.get("kind") == "flow"]
+    finally:
+        consumer.close()
 
 
 def test_two_generators_share_the_bound_both_wait_and_both_finish(client_kwargs, fresh, tmp_path):

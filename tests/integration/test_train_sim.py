@@ -4,6 +4,7 @@ undisturbed run; and ``demo --train`` runs it as a fourth stage and checks it.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kafka import KafkaConsumer
 
 from rollout_bus.tools.demo import written_batches
 from rollout_bus.feed.training import read_trained, reconcile_training
@@ -24,12 +26,12 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def finished_run(kafka_bootstrap, tmp_path_factory):
-    """One pipeline run (dp_size 2, 5 batches): its topic prefix and written seqs."""
+    """One pipeline run (dp_size 2, 5 batches): its topic prefix, written seqs and shards directory."""
     out = tmp_path_factory.mktemp("train-run")
     run, _ = run_pipeline(kafka_bootstrap, out / "run", episodes=40)
     seqs = sorted(int(m["seq"]) for m in written_batches(out / "run" / "shards").values())
     assert len(seqs) >= 4
-    return run.topics.prefix, seqs
+    return run.topics.prefix, seqs, out / "run" / "shards"
 
 
 def command(bootstrap: str, prefix: str, checkpoint_dir: Path, *more: str) -> list[str]:
@@ -53,14 +55,14 @@ def seqs_by_rank(rows: list[dict]) -> dict[int, list[int]]:
 
 @pytest.fixture(scope="module")
 def undisturbed(kafka_bootstrap, finished_run, tmp_path_factory):
-    prefix, _ = finished_run
+    prefix, _, _ = finished_run
     checkpoint_dir = tmp_path_factory.mktemp("undisturbed") / "train"
     done = run_to_end(command(kafka_bootstrap, prefix, checkpoint_dir))
     return checkpoint_dir, done
 
 
 def test_train_sim_trains_every_written_batch_once_per_rank_in_order(finished_run, undisturbed):
-    _, seqs = finished_run
+    _, seqs, _ = finished_run
     checkpoint_dir, done = undisturbed
     rows = read_trained(checkpoint_dir)
     assert seqs_by_rank(rows) == {0: seqs, 1: seqs}
@@ -70,9 +72,29 @@ def test_train_sim_trains_every_written_batch_once_per_rank_in_order(finished_ru
     assert f"last_seq={seqs[-1]}" in done.stderr
 
 
+def test_the_writer_and_the_trainer_report_their_flow_on_rollout_metrics(kafka_bootstrap, finished_run, undisturbed):
+    prefix, seqs, shards = finished_run
+    consumer = KafkaConsumer(f"{prefix}rollout.metrics", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=3000)
+    docs = [json.loads(r.value) for r in consumer]
+    consumer.close()
+    trainer = [d for d in docs if d["kind"] == "flow" and d["stage"] == "trainer"]
+    assert trainer and trainer[-1]["final"] and trainer[-1]["source"] == "trainer"
+    final = trainer[-1]["metrics"]
+    assert final["rollout/flow/trainer/steps"] == len(seqs)
+    assert 0 < final["rollout/flow/trainer/wait_s"] <= trainer[-1]["elapsed_s"]
+    manifests = {int(m["seq"]): m for m in written_batches(shards).values()}
+    batches = {d["batch"]: d["metrics"] for d in docs if d["kind"] == "batch"}
+    assert sorted(batches) == seqs
+    for seq, metrics in batches.items():  # nothing stale here: every token decided on was written
+        assert metrics["rollout/flow/response_tokens"] == manifests[seq]["num_response_tokens"]
+        assert 0 < metrics["rollout/flow/sample_age_s/p50"] <= metrics["rollout/flow/sample_age_s/p99"] < TIMEOUT_S
+        assert metrics["rollout/flow/discarded_tokens/stale"] == 0.0
+
+
 def test_a_sigkill_between_checkpoints_repeats_exactly_the_batches_after_it(kafka_bootstrap, finished_run,
                                                                            undisturbed, tmp_path):
-    prefix, seqs = finished_run
+    prefix, seqs, _ = finished_run
     checkpoint_dir = tmp_path / "train"
     # a pause after every step, so the kill lands after the third batch is trained and before the next
     # one: the checkpoint (every 2) holds two batches, the third is trained but not checkpointed

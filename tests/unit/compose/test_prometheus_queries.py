@@ -18,10 +18,19 @@ from rollout_bus.kafka.lag import lag_rows
 from rollout_bus.observe.exporter import SnapshotCollector
 from rollout_bus.observe.metrics_view import MetricsView
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.wire.records import WeightVersion, batch_metrics_record, window_metrics_record
+from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
+from rollout_bus.wire.records import WeightVersion, batch_metrics_record, flow_metrics_record, window_metrics_record
 from tests.unit.compose.test_compose import BASE, COMPOSE, load
 
 PROMETHEUS = COMPOSE / "prometheus"
+
+
+def batch_flow_example() -> dict[str, float]:
+    """The flow keys a written batch's record carries (``rollout_bus.shard_writer.flow.batch_flow``)."""
+    return {"flow/sample_age_s/p50": 2.0, "flow/sample_age_s/p99": 9.0, "flow/sample_age_s/max": 10.0,
+            "flow/response_tokens": 100.0, "flow/discarded_token_fraction": 0.3,
+            **{f"flow/discarded_tokens/{c}": 10.0 for c in ("aborted", "removed", "stale")},
+            **{f"flow/discarded_token_fraction/{c}": 0.1 for c in ("aborted", "removed", "stale")}}
 
 
 def _served_series() -> set[str]:
@@ -31,9 +40,13 @@ def _served_series() -> set[str]:
     view.add_metrics(batch_metrics_record(0, {"episode_raw_reward": 0.5, "staleness/mean": 0.5, "staleness/max": 1.0,
                                               "staleness/oldest": 1.0,
                                               **{f"episode_response_length/{s}": 3.0
-                                                 for s in ("mean", "median", "min", "max")}},
+                                                 for s in ("mean", "median", "min", "max")},
+                                              **batch_flow_example()},
                                           samples=2, manifest_path="m"))
     view.add_dead_letter(DeadLetter(b"k", b"v", [], "bad", "stream", "decode", "t:0:1"))
+    view.add_metrics(flow_metrics_record("generator", "g0of1-seed7", generator_flow(3.0, 2, 10.0), elapsed_s=10.0,
+                                         final=False))
+    view.add_metrics(flow_metrics_record("trainer", "trainer", trainer_flow(4.0, 3, 10.0), elapsed_s=10.0, final=False))
     lag = [row.to_json() for row in lag_rows("g", "t", ends={0: 10}, begins={0: 2}, committed={0: 1})]
     collector = SnapshotCollector()
     snapshot = view.snapshot(lag=lag, weights=WeightVersion(1, 1, 0))
@@ -48,7 +61,7 @@ def _served_series() -> set[str]:
 def test_every_series_an_alert_queries_is_one_the_exporter_serves():
     rules = [r for g in yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())["groups"] for r in g["rules"]]
     served = _served_series()
-    queried = {name for rule in rules for name in re.findall(r"\brollout_[a-z_]+\b", rule["expr"])}
+    queried = {name for rule in rules for name in re.findall(r"\brollout_[a-z0-9_]+\b", rule["expr"])}
     assert queried and queried <= served, f"queried but not served: {sorted(queried - served)}"
     jobs = {job["job_name"] for job in yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["scrape_configs"]}
     for rule in rules:
@@ -72,7 +85,7 @@ def test_every_series_a_dashboard_panel_queries_is_one_the_exporter_serves():
     dashboard = json.loads((COMPOSE / "grafana" / "dashboards" / "rollout-bus.json").read_text())
     served = _served_series()
     for panel in dashboard["panels"]:
-        queried = {name for target in panel["targets"] for name in re.findall(r"\brollout_[a-z_]+\b", target["expr"])}
+        queried = {name for target in panel["targets"] for name in re.findall(r"\brollout_[a-z0-9_]+\b", target["expr"])}
         assert queried, f"panel {panel['title']!r} queries no rollout series"
         assert queried <= served, f"panel {panel['title']!r} queries {sorted(queried - served)}, not served"
     titles = " ".join(p["title"] for p in dashboard["panels"])

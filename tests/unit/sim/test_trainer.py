@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rollout_bus.sim.trainer as train_sim
+import rollout_bus.feed.training as training
 from rollout_bus.cli.train_sim import parse_ranks
 from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.model.shards import load_shard, shard_tensors, write_batch_shards
@@ -89,7 +90,7 @@ class FakeFeed:
         self.rank, self.dp_size, self.topic = rank, dp_size, f"{topic_prefix}rollout.shards"
         self.next_seq = 0
 
-    def next_batch(self) -> FakeBatch | None:
+    def next_batch(self, on_wait=None) -> FakeBatch | None:
         if self.next_seq == FakeFeed.crash_at:
             raise KeyboardInterrupt("simulated kill")
         mine = FakeFeed.batches[self.rank]
@@ -119,7 +120,26 @@ def fake_feeds(monkeypatch):
     FakeFeed.crash_at = None
     FakeFeed.published = []
     monkeypatch.setattr(train_sim, "ShardFeed", FakeFeed)
+    FakeReporter.reports = []
+    monkeypatch.setattr(training, "FlowReporter", FakeReporter)
     return FakeFeed
+
+
+class FakeReporter:
+    """The trainer's FlowReporter: every report kept (``reports``: (metrics, final)), nothing sent."""
+
+    reports: list[tuple[dict, bool]] = []
+
+    def __init__(self, conn, topics, stage, source, **_: Any) -> None:
+        assert (stage, source) == ("trainer", "trainer")  # every rank in one process
+        self.elapsed_s = 1.0
+
+    def report(self, metrics: dict, *, final: bool = False) -> bool:
+        FakeReporter.reports.append((metrics, final))
+        return True
+
+    def close(self) -> None:
+        pass
 
 
 def options(tmp_path: Path, name: str, **more: Any) -> TrainSimOptions:
@@ -236,6 +256,9 @@ def test_the_loop_trains_every_batch_once_in_order_and_checkpoints_on_cadence(tm
     assert reconcile_training(range(5), rows, [0, 1]).ok
     # after each step one rank says the new weights are live: version seq + 1, step seq
     assert FakeFeed.published == [(0, seq + 1, seq) for seq in range(5)]
+    # its flow after each step, then a final report at the end of each run: 3 steps, then 2 more
+    assert [(m["flow/trainer/steps"], final) for m, final in FakeReporter.reports] == [
+        (1.0, False), (2.0, False), (3.0, False), (3.0, True), (1.0, False), (2.0, False), (2.0, True)]
 
 
 def test_a_kill_between_checkpoints_repeats_exactly_the_batches_after_the_checkpoint(tmp_path, fake_feeds):

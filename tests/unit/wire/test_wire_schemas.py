@@ -39,7 +39,9 @@ from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
 from rollout_bus.wire.records import (TURN_FIELDS, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement,
-                                      WeightVersion, announcement_value, batch_metrics_record, decode_episode)
+                                      WeightVersion, announcement_value, batch_metrics_record, decode_episode,
+                                      flow_metrics_record)
+from rollout_bus.model.flow_metrics import generator_flow
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
@@ -535,6 +537,8 @@ def valid_documents(offline) -> dict[str, Any]:
         "batches_ended": json.loads(offline.ended.value()),
         "weight_version": json.loads(WeightVersion(3, 2, SENT_AT_MS).value()),
         "run_batching": json.loads(ShardSettings().declaration("shard writer@host:12").value()),
+        "flow_metrics": json.loads(flow_metrics_record("generator", "g0of1-seed7", generator_flow(1.5, 2, 10.0),
+                                                       elapsed_s=10.0, final=False)),
     }
 
 
@@ -590,6 +594,9 @@ BROKEN = [
     ("run_batching", lambda d: _without(d, "declared_by"), "$"),
     ("run_batching", lambda d: d | {"batching": "eager"}, "$.batching"),
     ("run_batching", lambda d: d | {"max_staleness": -1}, "$.max_staleness"),
+    ("flow_metrics", lambda d: _without(d, "source"), "$"),
+    ("flow_metrics", lambda d: d | {"stage": "stream"}, "$.stage"),
+    ("flow_metrics", lambda d: _nested(d, ["metrics", "rollout/episode_raw_reward"], 0.5), "$.metrics"),
 ]
 
 
