@@ -124,6 +124,7 @@ class GenerateSettings(BatchingSettings):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = 64
+    min_p: float = Field(0.0, ge=0, lt=1)  # SGLang's min-p, after top-k and top-p (0: none)
     compaction_prob: float = Field(0.15, ge=0, le=1)
     retry_prob: float = Field(0.1, ge=0, le=1)
     max_attempts: int = Field(3, ge=1)

@@ -176,6 +176,8 @@ def generate(
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature."),
     top_p: float | None = typer.Option(None, "--top-p", help="Nucleus mass of the sampling support."),
     top_k: int | None = typer.Option(None, "--top-k", help="Most tokens in a support (<= 0: no limit)."),
+    min_p: float | None = typer.Option(None, "--min-p", help="Drop tokens below this fraction of the most likely "
+                                       "one's probability (SGLang's min-p; 0: none)."),
     compaction_prob: float | None = typer.Option(None, "--compaction-prob",
                                                  help="Chance a turn restarts from a summary."),
     retry_prob: float | None = typer.Option(None, "--retry-prob", help="Chance an attempt aborts and is retried."),
@@ -223,7 +225,7 @@ def generate(
         GenerateSettings, episodes=episodes, seed=seed, n_samples_per_prompt=n_samples_per_prompt,
         adapters=adapters, max_turns=max_turns, min_response_len=min_response_len,
         max_response_len=max_response_len, vocab_size=vocab_size, temperature=temperature, top_p=top_p,
-        top_k=top_k, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
+        top_k=top_k, min_p=min_p, compaction_prob=compaction_prob, retry_prob=retry_prob, remove_prob=remove_prob,
         tool_call_prob=tool_call_prob, truncation_prob=truncation_prob, inject_faults=inject_faults or None,
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,

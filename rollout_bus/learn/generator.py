@@ -181,7 +181,7 @@ def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, pr
     if settings.inject_faults:
         raise ConfigError(must_be("inject_faults", "off with the policy engine (the simulated generator's "
                                   "deliberate faults)", settings.inject_faults))
-    sampler = Sampler(settings.temperature, settings.top_p, settings.top_k)
+    sampler = Sampler(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
     if watcher is None:
         engine = PolicyEngine(settings.seed, sampler, version=settings.policy_version, device=device)
     else:

@@ -62,7 +62,7 @@ def _check(settings: GenerateSettings) -> SamplingParams:
     if settings.min_response_len > settings.max_response_len:
         raise ConfigError(must_be("min_response_len", f"<= max_response_len={settings.max_response_len}",
                                   settings.min_response_len))
-    return SamplingParams(settings.temperature, settings.top_p, settings.top_k)
+    return SamplingParams(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
 
 
 def _engine_generator(settings: GenerateSettings, group: GroupSpec, round_: int) -> torch.Generator:

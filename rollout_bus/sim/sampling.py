@@ -1,4 +1,4 @@
-"""Temperature, top-k and top-p sampling that reports every token's support (docs/data-model.md section 2).
+"""Temperature, top-k, top-p and min-p sampling that reports every token's support (docs/data-model.md section 2).
 
 Contract (the math inference engines use, e.g. SGLang's torch sampler):
 
@@ -8,7 +8,9 @@ Contract (the math inference engines use, e.g. SGLang's torch sampler):
 * The support is the smallest prefix of tokens, in decreasing probability, whose mass reaches
   ``top_p``, cut to at most ``top_k`` tokens (``top_k <= 0``: no limit) and never empty: token i
   of the sorted order is kept when ``i < top_k`` and the mass before it is ``< top_p``;
-  ``top_p = 1`` keeps every token (up to ``top_k``), as engines treat it: no nucleus filter.
+  ``top_p = 1`` keeps every token (up to ``top_k``), as engines treat it: no nucleus filter. ``min_p``
+  (SGLang's min-p, after top-k and top-p) drops a token whose probability is below ``min_p`` times the most
+  likely token's (both over the whole vocabulary); ``min_p = 0`` drops nothing.
 * The token is drawn from the support renormalised (``torch.multinomial`` with the caller's
   seeded ``torch.Generator``) and its log-prob is ``log(p_token / sum(p_support))``, the
   behaviour log-prob a trainer replays against the same support.
@@ -33,12 +35,15 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ConfigError(must_be("temperature", "> 0", self.temperature))
         if not 0 < self.top_p <= 1:
             raise ConfigError(must_be("top_p", "in (0, 1]", self.top_p))
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(must_be("min_p", "in [0, 1)", self.min_p))
 
     def width(self, vocab_size: int) -> int:
         """How many top tokens can ever be in a support."""
@@ -55,7 +60,7 @@ class Draw:
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Draw:
-    """Draw one token per row of ``logits`` ``[B, V]`` from its top-p/top-k support."""
+    """Draw one token per row of ``logits`` ``[B, V]`` from its top-k/top-p/min-p support."""
     if logits.ndim != 2 or logits.shape[0] == 0:
         raise ConfigError(must_be("logits", "a non-empty [B, V] tensor", tuple(logits.shape)))
     scaled = logits.to(torch.float32) / params.temperature
@@ -68,6 +73,8 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     keep[:, 0] = True
     if params.top_p >= 1.0:  # no nucleus cut: tail tokens whose mass rounds away stay in the support
         keep[:] = True
+    if params.min_p > 0:
+        keep &= probs >= params.min_p * probs[:, :1]
     kept_values = top_values.masked_fill(~keep, float("-inf"))
     support_lse = torch.logsumexp(kept_values, dim=-1, keepdim=True)
     support_probs = torch.exp(kept_values - support_lse)

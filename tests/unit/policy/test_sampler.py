@@ -191,3 +191,25 @@ def test_logits_that_are_not_a_non_empty_matrix_are_config_errors():
         Sampler().warp(torch.zeros(V))
     with pytest.raises(ConfigError, match="logits"):
         Sampler().warp(torch.zeros(0, V))
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k, min_p", [(1.0, 1.0, -1, 0.1), (0.7, 0.95, 10, 0.05),
+                                                              (1.3, 1.0, 5, 0.5), (1.0, 0.9, -1, 0.9)])
+def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_top_one(temperature, top_p, top_k, min_p):
+    """min-p after top-k and top-p, as SGLang applies it: of the support without it, the tokens whose
+    probability is at least ``min_p`` times the most likely token's (the ratio needs no renormalisation)."""
+    without, with_min_p = Sampler(temperature, top_p, top_k), Sampler(temperature, top_p, top_k, min_p)
+    rows = _logit_rows(11)
+    checked = 0
+    for row in rows:
+        z = row.astype(np.float64) / temperature
+        ratio = np.exp(z - z.max())
+        if np.any(np.abs(ratio - min_p) < 1e-5):
+            continue  # on the threshold: float32 rounding in the warper decides
+        before = set(np.flatnonzero(np.isfinite(without.warp(torch.tensor(row[None])).numpy()[0])).tolist())
+        after = set(np.flatnonzero(np.isfinite(with_min_p.warp(torch.tensor(row[None])).numpy()[0])).tolist())
+        assert after == {i for i in before if ratio[i] >= min_p}
+        checked += 1
+    assert checked > ROWS * 0.9
+    with pytest.raises(ConfigError, match="min_p"):
+        Sampler(1.0, 1.0, -1, 1.0)

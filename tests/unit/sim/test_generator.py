@@ -85,8 +85,10 @@ def test_a_different_seed_publishes_different_records():
 
 # --- sampling math against a brute-force reference -----------------------------------------------
 
-def brute_force_support(logits: np.ndarray, temperature: float, top_p: float, top_k: int) -> tuple[list, np.ndarray]:
-    """Sort, soft-max over the vocabulary, keep the smallest prefix reaching top_p, at most top_k, at least 1."""
+def brute_force_support(logits: np.ndarray, temperature: float, top_p: float, top_k: int,
+                        min_p: float = 0.0) -> tuple[list, np.ndarray]:
+    """Sort, soft-max over the vocabulary, keep the smallest prefix reaching top_p, at most top_k, at least 1;
+    then drop what is less likely than min_p times the top token."""
     z = logits.astype(np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
@@ -95,18 +97,20 @@ def brute_force_support(logits: np.ndarray, temperature: float, top_p: float, to
     n = int(np.searchsorted(cum, top_p) + 1) if top_p < 1 else p.size  # first prefix whose mass reaches top_p
     if top_k > 0:
         n = min(n, top_k)
-    return order[: max(1, n)].tolist(), p
+    kept = order[: max(1, n)]
+    return [int(i) for i in kept if p[i] >= min_p * p[order[0]]], p
 
 
 @hsettings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.3, 0.7, 1.0, 1.6]),
-       top_p=st.sampled_from([0.1, 0.5, 0.9, 0.95, 1.0]), top_k=st.sampled_from([-1, 1, 3, 8, 50]))
-def test_supports_and_log_probs_match_a_brute_force_reference(seed, temperature, top_p, top_k):
+       top_p=st.sampled_from([0.1, 0.5, 0.9, 0.95, 1.0]), top_k=st.sampled_from([-1, 1, 3, 8, 50]),
+       min_p=st.sampled_from([0.0, 0.05, 0.3]))
+def test_supports_and_log_probs_match_a_brute_force_reference(seed, temperature, top_p, top_k, min_p):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(16, 40, generator=gen) * 3
-    draw = sample_tokens(logits, SamplingParams(temperature, top_p, top_k), gen)
+    draw = sample_tokens(logits, SamplingParams(temperature, top_p, top_k, min_p), gen)
     for b in range(16):
-        expected, p = brute_force_support(logits[b].numpy(), temperature, top_p, top_k)
+        expected, p = brute_force_support(logits[b].numpy(), temperature, top_p, top_k, min_p)
         assert draw.supports[b].tolist() == expected
         assert int(draw.tokens[b]) in expected
         want = math.log(p[draw.tokens[b]] / p[expected].sum())
