@@ -45,6 +45,9 @@ PUBLIC_API: dict[str, str] = {
     # publishing from an inference loop
     "TurnPublisher": "rollout_bus.publish.publisher",
     "turn_from_engine_response": "rollout_bus.publish.engine_adapter",
+    "EngineClient": "rollout_bus.publish.engine_client",
+    "publish_from_engine": "rollout_bus.publish.engine_client",
+    "check_sampling_params": "rollout_bus.publish.engine_request",
     # the trainer's end
     "ShardFeed": "rollout_bus.feed.trainer_feed",
     "ShardFeedDataset": "rollout_bus.feed.dataset",

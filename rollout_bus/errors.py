@@ -17,6 +17,7 @@ says "raises ValueError") catch them unchanged::
     │   ├── RecordTooLargeError         a record is over the size limit of a producer or topic
     │   └── AccessDenied                the cluster refused this principal (ACLs, login): never retried
     ├── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
+    ├── EngineError                     an inference engine refused a request, or died answering it
     └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
 Two classes live beside their one user instead: ``WriterLockedError`` (a ``ConfigError``: another
@@ -97,6 +98,11 @@ def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -
     """Format the house error message: ``'{name}' must be {expected} (got {value!r})``."""
     message = f"{name!r} must be {expected} (got {value!r})"
     return f"{message} at {where}" if where else message
+
+
+class EngineError(RolloutBusError):
+    """An inference engine answered a request with an error (its status and message), or never answered
+    (connection refused or cut, timeout): nothing was published for that call."""
 
 
 class DiskFullError(RolloutBusError, OSError):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import typer
 
 from rollout_bus.cli import options
-from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, replay, report, shards, stream, tail,
-                             topics, train, train_sim)
+from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, publish_from_engine, replay,
+                             report, shards, stream, tail, topics, train, train_sim)
 
 app = typer.Typer(
     name="rollout-bus",
@@ -26,6 +26,7 @@ app.add_typer(acl.app, name="acl")
 app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("end-run")(end_run.end_run)
+app.command("publish-from-engine")(publish_from_engine.publish_from_engine)
 app.command("stream")(stream.stream)
 app.command("shards")(shards.shards)
 app.command("tail")(tail.tail)

@@ -1,0 +1,73 @@
+"""A local HTTP server that answers in SGLang's shapes (tests/fixtures/sglang), for the engine client's tests.
+
+``FixtureEngine()`` (a context manager) serves ``/generate`` and ``/v1/chat/completions`` on 127.0.0.1 with a
+free port (``url``): a request without ``return_sampling_mask`` or whose sampling params truncate nothing gets
+SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer);
+anything else gets the fixture (``generate_mask_only`` / ``chat_completion``). ``requests`` keeps every body.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
+DIE = [666]
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *_):  # quiet
+        pass
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append((self.path, body))
+        if body.get("input_ids") == DIE:
+            self.close_connection = True
+            self.connection.shutdown(2)  # dies mid-request: no status line, no body
+            return
+        params = body.get("sampling_params", body)
+        untruncated = (params.get("top_p", 1.0) >= 1.0 and params.get("top_k", -1) < 1
+                       and params.get("min_p", 0.0) <= 0)
+        if not body.get("return_sampling_mask") or untruncated:
+            return self._answer(400, fixture("error_400_untruncated"))
+        name = "chat_completion" if self.path == "/v1/chat/completions" else "generate_mask_only"
+        return self._answer(200, self.server.answers.get(self.path) or fixture(name))
+
+    def _answer(self, status: int, doc: dict) -> None:
+        raw = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+class FixtureEngine:
+    def __init__(self) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server.requests, self.server.answers = [], {}
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def requests(self) -> list:
+        return self.server.requests
+
+    def answer(self, path: str, doc: dict) -> None:
+        """Answer ``path`` with ``doc`` from now on."""
+        self.server.answers[path] = doc
+
+    def __enter__(self) -> "FixtureEngine":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.server.shutdown()
+        self.server.server_close()
