@@ -358,6 +358,9 @@ def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
     return table
 
 
+FLOW_BATCHES_SHOWN = 8
+
+
 def flow_tables(flow: Flow) -> list[Table]:
     """Who waited (each generator behind the staleness gate, the trainer for batches) and each batch's sample
     age and discarded tokens by cause, as the run's rollout.metrics records say."""
@@ -375,11 +378,12 @@ def flow_tables(flow: Flow) -> list[Table]:
                             f"{row['elapsed_s'] or 0.0:.1f}", f"{m.get(count, 0.0):.0f}")
         tables.append(waiting)
     if flow.batches:
-        per_batch = Table(title="flow per batch: sample age in s (final turn to batch written); response tokens "
-                          "discarded, by cause", show_lines=False)
+        shown = list(flow.batches.items())[-FLOW_BATCHES_SHOWN:]
+        per_batch = Table(title=f"flow per batch (last {len(shown)} of {len(flow.batches)}): sample age in s (final "
+                          "turn to batch written); response tokens discarded, by cause", show_lines=False)
         for column in ("batch", "age p50", "age p99", "age max", "tokens", "aborted", "removed", "stale"):
             per_batch.add_column(column, justify="right", no_wrap=True)
-        for seq, m in flow.batches.items():
+        for seq, m in shown:
             ages = [f"{m[k]:.2f}" if k in m else "-" for k in ("flow/sample_age_s/p50", "flow/sample_age_s/p99",
                                                               "flow/sample_age_s/max")]
             causes = [f"{m.get(f'flow/discarded_tokens/{c}', 0.0):.0f} {m.get(f'flow/discarded_token_fraction/{c}', 0.0):.1%}"
