@@ -9,8 +9,9 @@ Contract: ``FlowReporter(conn, topics, stage, source, every_s=5.0)`` sends
 ``records.flow_key``) when ``report(metrics)`` is called at least ``every_s`` after the last send (the first
 call sends), and always for ``report(metrics, final=True)``, which also waits until the broker has every
 record. ``elapsed_s`` is the time since the reporter was made. The producer is made at the first send.
-Reporting never stops the stage: a refused or failed send is one ERROR line naming it, after which this
-reporter sends nothing more (the stage's own work goes on).
+Reporting never stops the stage: a send the cluster refuses (``AccessDenied``: an ACL the principal lacks) is
+one ERROR line, after which this reporter sends nothing more; any other failure (the cluster away) is a
+WARNING and the next due report tries again (``failed`` counts them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_bus.errors import BrokerError
+from rollout_bus.errors import AccessDenied, BrokerError
 from rollout_bus.kafka.clients import KafkaError, KafkaProducer, new_producer
 from rollout_bus.kafka.refusals import refusals_named
 from rollout_bus.wire.records import flow_key, flow_metrics_record
@@ -42,6 +43,7 @@ class FlowReporter:
         self.key = flow_key(stage, source)
         self.began = time.monotonic()
         self.sent = 0
+        self.failed = 0
         self._last_sent: float | None = None
         self._producer: KafkaProducer | None = None
         self._broken = False
@@ -63,10 +65,16 @@ class FlowReporter:
                 future = self._producer.send(self.topic, key=self.key, value=value)
                 if final:
                     future.get(timeout=SEND_TIMEOUT_S)
-        except (BrokerError, KafkaError) as exc:
+        except AccessDenied as exc:  # an ACL this principal lacks: asking again changes nothing
             self._broken = True
             logger.error("%s flow metrics are not reported from here on (the %s goes on): %s", self.stage,
                          self.stage, exc)
+            return False
+        except (BrokerError, KafkaError) as exc:  # the cluster away: said, and tried again when next due
+            self._last_sent = now
+            self.failed += 1
+            logger.warning("%s flow metrics not reported this time (tried again in %.0fs; the %s goes on): %s",
+                           self.stage, self.every_s, self.stage, exc)
             return False
         self._last_sent = now
         self.sent += 1
