@@ -301,7 +301,8 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
     if bound is not None:
         problems, worst = staleness_problems(written_batches(run.out / "shards").values(), bound)
         console.print(f"staleness: at most {worst} steps (bound {bound}) over "
-                      f"{len(written_batches(run.out / 'shards'))} batches; generators waited on rollout.weights")
+                      f"{len(written_batches(run.out / 'shards'))} batches; generators held to it by rollout.weights "
+                      "(their waits: the flow table)")
         for problem in problems:
             console.print(f"[red]{problem}[/red]")
         return 1 if problems else 0
