@@ -8,7 +8,11 @@ Contract:
   markers, abandoned episodes), so an "episodes" count is a count of episodes. Reading costs a
   fetch of every value (kafka-python cannot fetch headers alone): fine for demos and tests, not
   for a production monitor. ``read_topics`` are read and kept (``dead_letters``, ``json_values``).
-  ``catch_up()`` reads until every read topic has reached the end offsets it had when called.
+  ``catch_up()`` reads until every read topic has reached the end offsets it had when called. End offsets
+  are asked by a client of their own, and the wait is bounded by ``ENDS_BOUND_S`` (30 s): kafka-python 3's
+  ``end_offsets`` once stayed blocked for minutes past its request timeout (a chaos run's watcher, its
+  IO thread idle in ``select``), so an answer that does not come is abandoned with a WARNING, the client
+  replaced, and the last counts kept (``catch_up`` returns False).
 * ``TopicReader(conn, names, history=None)`` reads every partition of ``names`` from the
   beginning, or, with ``history=N``, from the last N records of each partition. ``poll()`` hands
   over the records that arrived since the last call (and forgets them, so a long-running reader
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -51,6 +56,7 @@ logger = logging.getLogger(__name__)
 STALL_S = 30.0
 POLL_MS = 500
 TOPIC_WAIT_S = 3.0  # a topic named on the command line: it exists or it is a typo
+ENDS_BOUND_S = 30.0  # the longest a watcher waits for end offsets before it asks with a new client
 
 
 def topic_names(conn: Mapping[str, Any]) -> set[str]:
@@ -72,6 +78,10 @@ class TopicWatcher:
 
     def __init__(self, conn: Mapping[str, Any], count_topics: list[str], read_topics: list[str],
                  data_topics: list[str] | tuple[str, ...] = ()):
+        self.conn = dict(conn)
+        self.ends_bound_s = ENDS_BOUND_S
+        self.replaced = 0  # end-offset clients abandoned because an answer never came
+        self._ender: KafkaConsumer | None = None
         self.consumer = group_less_consumer(conn, client_id="rollout-bus-watch")
         self.count_topics = count_topics
         self.data_topics = list(data_topics)
@@ -94,7 +104,7 @@ class TopicWatcher:
         """Records ever written to each counted topic (the last known counts while a leader is being
         elected); for a data topic, the data records read so far."""
         try:
-            ends = self.consumer.end_offsets([tp for t in self.count_topics for tp in self._partitions[t]])
+            ends = self._end_offsets([tp for t in self.count_topics for tp in self._partitions[t]])
         except (KeyError, KafkaError):  # kafka-python raises KeyError for a partition with no leader yet
             ends = None
         if ends is not None:
@@ -121,14 +131,41 @@ class TopicWatcher:
         assigned = [tp for t in sorted(set(self.read_topics) | set(self.data_topics)) for tp in self._partitions[t]]
         deadline = time.monotonic() + timeout_s
         try:
-            ends = self.consumer.end_offsets(assigned)
+            ends = self._end_offsets(assigned)
         except (KeyError, KafkaError):
+            return False
+        if ends is None:
             return False
         while time.monotonic() < deadline:
             if all(self.consumer.position(tp) >= end for tp, end in ends.items()):
                 return True
             self.read_new(timeout_ms=200)
         return False
+
+    def _end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int] | None:
+        """The end offsets, asked by the watcher's own end-offset client and waited for at most
+        ``ends_bound_s``; None (the client replaced, a WARNING said) when no answer came by then."""
+        if self._ender is None:
+            self._ender = group_less_consumer(self.conn, client_id="rollout-bus-watch-ends")
+        ender, box = self._ender, {}
+
+        def ask() -> None:
+            try:
+                box["ends"] = ender.end_offsets(partitions)
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+        asking = threading.Thread(target=ask, name="rollout-bus-watch-ends", daemon=True)
+        asking.start()
+        asking.join(self.ends_bound_s)
+        if asking.is_alive():
+            logger.warning("end offsets of %d partitions not answered in %.0fs (kafka-python's request never "
+                           "returned): asking with a new client from now on", len(partitions), self.ends_bound_s)
+            self._ender, self.replaced = None, self.replaced + 1
+            threading.Thread(target=ender.close, name="rollout-bus-watch-ends-close", daemon=True).start()
+            return None
+        if "error" in box:
+            raise box["error"]
+        return box["ends"]
 
     def dead_letters(self, topic: str) -> list[DeadLetter]:
         return [DeadLetter.from_record(r.key, r.value, r.headers) for r in self.records.get(topic, [])]
@@ -144,6 +181,9 @@ class TopicWatcher:
 
     def close(self) -> None:
         self.consumer.close()
+        if self._ender is not None:
+            self._ender.close()
+            self._ender = None
 
 
 class TopicReader:
