@@ -7,7 +7,10 @@ Contract of ``ensure_topics``:
   large enough for the largest record), so no stage creates a topic with broker defaults; a
   compacted spec (rollout.weights) also gets ``cleanup.policy=compact``.
 * A topic that exists keeps its partitions; if its ``max.message.bytes`` is below what
-  ``max_record_bytes`` needs, it is raised (an incremental config change: its other settings stay).
+  ``max_record_bytes`` needs, it is raised (an incremental config change: its other settings stay), and
+  ``ensure_topics`` returns once the cluster describes the new limit and lists the topics it created (at most
+  10 s each, then a WARNING). Topics are created one by one: one the listing missed (another process made it,
+  or a broker that just started lists it late) is treated as existing, its limit raised, not said created.
   A topic that already allows more is left alone. When the cluster refuses to describe or change
   it (authorization, an old broker), a WARNING names the topic, its size and the size needed, and
   the run goes on: records up to the old size still flow, larger ones are dead-lettered by
@@ -42,6 +45,7 @@ from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TopicSpec, Topics
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
+LIMIT_VISIBLE_S = 10.0  # the longest ensure_topics waits for a raised record limit to be described
 
 
 def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_factor: int = 1,
@@ -63,18 +67,22 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         missing = {name: {"num_partitions": partitions, "replication_factor": replication_factor,
                           "configs": {**configs, **own.get(name, {})}}
                    for name, partitions in wanted.items() if name not in existing}
-        if missing:
-            try:
-                admin.create_topics(missing)
-            except TopicAlreadyExistsError:  # another process won the race: fine
-                pass
-        for name, spec in missing.items():
+        created = []
+        for name, spec in missing.items():  # one by one: a topic the listing missed (another process made it,
+            try:                            # or a broker that just started lists it late) is an existing one
+                admin.create_topics({name: spec})
+            except TopicAlreadyExistsError:
+                existing.add(name)
+                continue
+            created.append(name)
             logger.info("created topic=%s partitions=%d replication=%d %s=%s", name, spec["num_partitions"],
                         replication_factor, MAX_MESSAGE_BYTES, configs[MAX_MESSAGE_BYTES])
+        if created:
+            _until_listed(admin, created)
         present = sorted(name for name in wanted if name in existing)
         if present:
             raise_record_limits(admin, present, int(configs[MAX_MESSAGE_BYTES]))
-        return list(missing)
+        return created
     except AuthorizationError as exc:  # a secured cluster: the stages' principals create no topics
         raise BrokerError(f"{type(exc).__name__} at {client_kwargs.get('bootstrap_servers')!r}: the principal "
                           f"{client_kwargs.get('sasl_plain_username')!r} may not create or configure the topics "
@@ -85,6 +93,21 @@ def ensure_topics(client_kwargs: dict[str, Any], topics: Topics, *, replication_
         raise BrokerError(f"creating topics at {client_kwargs.get('bootstrap_servers')!r} failed: {exc!r}") from exc
     finally:
         admin.close()
+
+
+def _until_listed(admin: KafkaAdminClient, names: list[str]) -> None:
+    """Wait (at most ``LIMIT_VISIBLE_S``) until the cluster lists the topics just created, so the caller's next
+    request (a describe, a produce) finds them; a WARNING names any still missing after that."""
+    deadline = time.monotonic() + LIMIT_VISIBLE_S
+    while True:
+        missing = set(names) - set(admin.list_topics())
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            logger.warning("created topics=%s but the cluster does not list them after %.0fs",
+                           ",".join(sorted(missing)), LIMIT_VISIBLE_S)
+            return
+        time.sleep(0.2)
 
 
 def _own_config(spec: TopicSpec) -> dict[str, str]:
@@ -152,7 +175,8 @@ def grow_partitions(client_kwargs: dict[str, Any], name: str, count: int) -> int
 
 def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) -> list[str]:
     """Raise ``max.message.bytes`` to ``needed`` on each of ``names`` where it is smaller; return
-    the names raised. Never raises: what the cluster refuses is logged as a WARNING."""
+    the names raised, once the cluster reports the new limits (``_until_visible``). Never raises: what the
+    cluster refuses is logged as a WARNING."""
     try:
         current = _record_limits(admin, names)
     except KafkaError as exc:
@@ -174,7 +198,32 @@ def raise_record_limits(admin: KafkaAdminClient, names: list[str], needed: int) 
             logger.warning("topic=%s allows records of %s=%d but max_record_bytes needs %d, and raising it "
                            "failed (%s): records over %d bytes will be dead-lettered", name, MAX_MESSAGE_BYTES,
                            size, needed, outcome, size)
+    if raised:
+        _until_visible(admin, raised, needed)
     return raised
+
+
+def _until_visible(admin: KafkaAdminClient, names: list[str], needed: int) -> None:
+    """Wait until the cluster describes every raised limit: KRaft applies a config change to a broker's
+    metadata a moment after the controller accepted it, and a record sent in that moment is still refused
+    for its size. Past ``LIMIT_VISIBLE_S`` a WARNING says which topics still show the old limit."""
+    timeout_s = LIMIT_VISIBLE_S
+    deadline = time.monotonic() + timeout_s
+    waiting = list(names)
+    while True:
+        try:
+            shown = _record_limits(admin, waiting)
+            waiting = [name for name in waiting if (shown.get(name) or 0) < needed]
+        except KafkaError as exc:
+            logger.debug("describing %s of %s failed (%s): asking again", MAX_MESSAGE_BYTES, waiting, exc)
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            logger.warning("raised %s on topics=%s but the cluster still describes the old limit after %.0fs: "
+                           "records over it may be refused until it does", MAX_MESSAGE_BYTES, ",".join(waiting),
+                           timeout_s)
+            return
+        time.sleep(0.2)
 
 
 def _record_limits(admin: KafkaAdminClient, names: list[str]) -> dict[str, int | None]:

@@ -81,6 +81,41 @@ def test_a_refused_raise_is_a_warning_naming_the_topic_and_both_sizes(caplog):
     assert "topic=x.rollout.turns" in line and "1048588" in line and "68157440" in line
 
 
+class LaggingAdmin:
+    """Accepts the change, then describes the old limit ``lag`` more times before the new one (KRaft: a broker
+    applies the controller's config record a moment after the change was accepted)."""
+
+    def __init__(self, lag: int):
+        self.lag, self.limit, self.describes = lag, "1048588", 0
+
+    def describe_configs(self, resources, config_filter="all"):
+        self.describes += 1
+        if self.limit != "1048588":
+            self.lag -= 1
+        shown = self.limit if self.lag < 0 else "1048588"
+        return {"topic": {r.name: {LIMIT: {"value": shown}} for r in resources}}
+
+    def alter_configs(self, resources):
+        self.limit = resources[0].configs[LIMIT]
+        return {"topic": {resources[0].name: "OK"}}
+
+
+def test_a_raised_limit_is_returned_once_the_cluster_describes_it(caplog):
+    admin = LaggingAdmin(lag=3)
+    assert raise_record_limits(admin, ["x.rollout.turns"], 68157440) == ["x.rollout.turns"]
+    assert admin.lag < 0 and admin.describes == 1 + 4  # the first read, then until the new limit showed
+
+
+def test_a_raised_limit_the_cluster_never_describes_is_a_warning_after_the_wait(caplog, monkeypatch):
+    import rollout_bus.kafka.admin as admin_module
+
+    monkeypatch.setattr(admin_module, "LIMIT_VISIBLE_S", 0.5)
+    caplog.set_level(logging.WARNING, logger="rollout_bus.kafka.admin")
+    assert raise_record_limits(LaggingAdmin(lag=10**6), ["x.rollout.turns"], 68157440) == ["x.rollout.turns"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "topics=x.rollout.turns" in line and "still describes the old limit" in line
+
+
 def closed_port() -> int:
     import socket
     with socket.socket() as sock:  # bound, never listening: connections are refused at once
