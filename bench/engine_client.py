@@ -29,7 +29,7 @@ from rollout_bus.errors import ContractError  # noqa: E402
 from rollout_bus.kafka.admin import ensure_topics  # noqa: E402
 from rollout_bus.kafka.dev.local_broker import BrokerLease  # noqa: E402
 from rollout_bus.model.sample import Sample  # noqa: E402
-from rollout_bus.publish.engine_adapter import turn_from_engine_response  # noqa: E402
+from rollout_bus.publish.engine_adapter import engine_output, turn_from_engine_response  # noqa: E402
 from rollout_bus.publish.engine_client import EngineClient, publish_from_engine  # noqa: E402
 from rollout_bus.publish.publisher import TurnPublisher  # noqa: E402
 from rollout_bus.wire.topics import Topics  # noqa: E402
@@ -40,7 +40,8 @@ PARAMS = {"temperature": 1.0, "top_p": 0.8, "top_k": -1, "max_new_tokens": 3}
 
 
 def _meta(doc):
-    return (doc["choices"][0] if "choices" in doc else doc)["meta_info"]
+    """The answer's meta info, found as the adapter finds it (a chat answer's first choice)."""
+    return engine_output(doc)[1]
 
 
 def _broken(name, change):

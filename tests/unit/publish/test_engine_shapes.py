@@ -13,7 +13,7 @@ import pytest
 
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import Sample, Status
-from rollout_bus.publish.engine_adapter import append_engine_response, turn_from_engine_response
+from rollout_bus.publish.engine_adapter import append_engine_response, engine_output, turn_from_engine_response
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sglang"
 TEMPLATE = Sample(group_index=1, index=3, rollout_id=3, prompt="capital?")
@@ -41,7 +41,7 @@ def test_each_shape_the_engine_returns_is_a_turn(name, tokens, status, text):
     assert list(sample.tokens) == CONTEXT + tokens and sample.response_length == len(tokens)
     assert sample.status is status and sample.response == text
     if tokens:
-        meta = (response["choices"][0] if "choices" in response else response)["meta_info"]
+        meta = _meta(response)
         assert [sample.rollout_sampling_mask.row(t).tolist() for t in range(len(tokens))] == \
             meta["output_token_sampling_mask"]
         np.testing.assert_allclose(sample.rollout_log_probs, meta["output_token_sampling_logprobs"])
@@ -56,7 +56,8 @@ def test_the_support_renormalised_log_prob_wins_over_return_logprobs():
 
 
 def _meta(response):
-    return (response["choices"][0] if "choices" in response else response)["meta_info"]
+    """The answer's meta info, found as the adapter finds it (a chat answer's first choice)."""
+    return engine_output(response)[1]
 
 
 BROKEN = [
