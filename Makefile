@@ -21,7 +21,7 @@ PIP_VERSION := 26.3
 UV_VERSION := 0.13.9
 UV_VENV ?= $(HOME)/.cache/rollout-bus/uv-$(UV_VERSION)
 
-$(STAMP): pyproject.toml $(LOCK)
+$(STAMP): pyproject.toml setup.py $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rollout-bus needs Python 3.11 or newer (found " + sys.version.split()[0] + ")")'
 	@test -x $(BIN)/python || { echo "creating $(VENV) ..."; $(PYTHON) -m venv $(VENV); }
 	@echo "installing the locked packages ($(LOCK)) and rollout-bus into $(VENV) (torch is large: the first time takes a few minutes) ..."

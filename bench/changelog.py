@@ -24,7 +24,7 @@ import uuid
 from kafka import KafkaConsumer, TopicPartition
 
 from rollout_bus.sim.generator import iter_turns
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.wire.topics import Topics

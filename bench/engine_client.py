@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from rollout_bus.errors import ContractError  # noqa: E402
 from rollout_bus.kafka.admin import ensure_topics  # noqa: E402
-from rollout_bus.kafka.dev.local_broker import BrokerLease  # noqa: E402
+from rollout_bus.local_kafka.local_broker import BrokerLease  # noqa: E402
 from rollout_bus.model.sample import Sample  # noqa: E402
-from rollout_bus.publish.engine_adapter import engine_output, turn_from_engine_response  # noqa: E402
-from rollout_bus.publish.engine_client import EngineClient, publish_from_engine  # noqa: E402
-from rollout_bus.publish.publisher import TurnPublisher  # noqa: E402
+from rollout_bus.producers.engine_adapter import engine_output, turn_from_engine_response  # noqa: E402
+from rollout_bus.producers.engine_client import EngineClient, publish_from_engine  # noqa: E402
+from rollout_bus.producers.publisher import TurnPublisher  # noqa: E402
 from rollout_bus.wire.topics import Topics  # noqa: E402
 from tests.engine_server import FixtureEngine, fixture  # noqa: E402
 

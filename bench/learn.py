@@ -23,8 +23,8 @@ import time
 import uuid
 from pathlib import Path
 
-from rollout_bus.feed.training import read_trained
-from rollout_bus.kafka.dev.local_broker import BrokerLease
+from rollout_bus.consumers.feed.training import read_trained
+from rollout_bus.local_kafka.local_broker import BrokerLease
 
 
 def log(message: str) -> None:

@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipeline_runs import WHOLE_BATCH, generate, log, pipeline_run, raw_bus  # noqa: E402
 
-from rollout_bus.kafka.dev.local_broker import BrokerLease  # noqa: E402
+from rollout_bus.local_kafka.local_broker import BrokerLease  # noqa: E402
 
 DEFAULT_EPISODES = {"default": 512, "long": 256}
 DEFAULT_DISTINCT = {"default": None, "long": 8}  # None: every episode distinct

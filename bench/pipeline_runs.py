@@ -21,13 +21,13 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from rich.console import Console
 
 from rollout_bus.sim.generator import iter_turns
-from rollout_bus.publish.publisher import producer_defaults
+from rollout_bus.producers.publisher import producer_defaults
 from rollout_bus.wire.codec import encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.limits import topic_config
 from rollout_bus.wire.records import TURN_FIELDS, parse_announcement
 from rollout_bus.wire.headers import TurnHeaders, control_kind
-from rollout_bus.tools.demo import DemoOptions, DemoRun
+from rollout_bus.demo.run import DemoOptions, DemoRun
 from rollout_bus.wire.rollout_key import rollout_key_of
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers

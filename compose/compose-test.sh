@@ -160,7 +160,7 @@ ca_bundle="$(mktemp -d)/host-ca-certificates.crt"
 cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$ca_bundle" 2>/dev/null || : > "$ca_bundle"
 build_local "$ROLLOUT_BUS_PYTHON_IMAGE" python "$ca_bundle"
 rm -rf "$(dirname "$ca_bundle")"
-libs="$("$python" -m rollout_bus.kafka.dev.runtime)"   # the jars the project runs its own broker from
+libs="$("$python" -m rollout_bus.local_kafka.runtime)"   # the jars the project runs its own broker from
 kafka_ctx_libs="$(mktemp -d)/libs"
 cp -a "$libs" "$kafka_ctx_libs" && rm -f "$kafka_ctx_libs/.complete"
 build_local "$ROLLOUT_BUS_KAFKA_IMAGE" kafka "$kafka_ctx_libs"

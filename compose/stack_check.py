@@ -48,9 +48,9 @@ from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
 from rollout_bus.errors import AccessDenied, BrokerError, RolloutBusError
-from rollout_bus.feed.weights import WeightPublisher
+from rollout_bus.consumers.feed.weights import WeightPublisher
 from rollout_bus.kafka.clients import group_less_consumer, new_admin
-from rollout_bus.kafka.dev.compose_secrets import ComposeSecrets
+from rollout_bus.local_kafka.compose_secrets import ComposeSecrets
 from rollout_bus.kafka.reader import TopicReader, partition_offsets
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.shards import read_manifest, verify_batch

@@ -43,15 +43,15 @@ PUBLIC_API: dict[str, str] = {
     "encode_samples": "rollout_bus.wire.codec",
     "decode_samples": "rollout_bus.wire.codec",
     # publishing from an inference loop
-    "TurnPublisher": "rollout_bus.publish.publisher",
-    "turn_from_engine_response": "rollout_bus.publish.engine_adapter",
-    "EngineClient": "rollout_bus.publish.engine_client",
-    "publish_from_engine": "rollout_bus.publish.engine_client",
-    "check_sampling_params": "rollout_bus.publish.engine_request",
+    "TurnPublisher": "rollout_bus.producers.publisher",
+    "turn_from_engine_response": "rollout_bus.producers.engine_adapter",
+    "EngineClient": "rollout_bus.producers.engine_client",
+    "publish_from_engine": "rollout_bus.producers.engine_client",
+    "check_sampling_params": "rollout_bus.producers.engine_request",
     # the trainer's end
-    "ShardFeed": "rollout_bus.feed.trainer_feed",
-    "ShardFeedDataset": "rollout_bus.feed.dataset",
-    "WeightPublisher": "rollout_bus.feed.weights",
+    "ShardFeed": "rollout_bus.consumers.feed.trainer_feed",
+    "ShardFeedDataset": "rollout_bus.consumers.feed.dataset",
+    "WeightPublisher": "rollout_bus.consumers.feed.weights",
     # the policy of `rollout-bus train`: recompute any log-prob the bus carried
     "load_policy": "rollout_bus.policy.checkpoint",
 }

@@ -21,8 +21,8 @@ says "raises ValueError") catch them unchanged::
     └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
 Two classes live beside their one user instead: ``WriterLockedError`` (a ``ConfigError``: another
-shard writer holds the output directory) in ``rollout_bus.shard_writer.writer_lock``, and
-``rollout_bus.stream.turn_record.Rejected``, the stream stage's internal signal that carries a
+shard writer holds the output directory) in ``rollout_bus.consumers.shard_writer.writer_lock``, and
+``rollout_bus.streams.turn_record.Rejected``, the stream stage's internal signal that carries a
 record's dead-letter kind (a plain ``Exception``, caught inside the stage).
 
 Messages follow one template, ``'{name}' must be {expected} (got {value!r})``, and say where

@@ -2,16 +2,21 @@
 
 The folder tree is the data-flow diagram (docs/architecture.md), and these contracts keep it so:
 
-* layers, top down: ``cli`` -> ``tools`` -> (``sim`` | ``learn`` | ``observe``) -> the stages (``publish`` |
-  ``stream`` | ``shard_writer`` | ``feed``, independent of each other) -> ``kafka`` -> ``config`` ->
-  ``policy`` (the model both ends run) -> ``wire`` (how a rollout travels) -> ``model`` (what a rollout is) -> ``errors``;
+* layers, top down: ``cli`` -> ``demo`` -> (``sim`` | ``learn`` | ``observe`` | ``replay`` | ``local_kafka``) -> the
+  stages (``producers`` | ``streams`` | ``consumers.shard_writer`` | ``consumers.feed``, independent of each other) ->
+  ``kafka`` -> ``config`` -> ``policy`` (the model both ends run) -> ``wire`` (how a rollout travels) -> ``model``
+  (what a rollout is) -> ``errors``;
 * the contracts (``wire``, ``model`` and the modules loose at the package root, found on disk, so a
   new one cannot be left out) import none of the layers above them and no Kafka client library;
-* only ``rollout_bus.kafka`` and ``rollout_bus.stream.app`` (the Faust app) import ``kafka``,
+* only ``rollout_bus.kafka`` and ``rollout_bus.streams.app`` (the Faust app) import ``kafka``,
   ``aiokafka`` or ``faust``; everything else reaches Kafka through ``rollout_bus.kafka``.
 
 ``python -m tests.import_contracts`` writes the configuration to a temporary file, runs
 ``lint-imports`` on it and exits with its status; ``--print`` shows the configuration.
+
+``producers/``, ``streams/`` and ``consumers/`` sit at the repository root and install as sub-packages of
+``rollout_bus`` (setup.py). import-linter reads a package from one folder, so the check runs on the layout a wheel
+installs, assembled in a temporary directory (``installed_tree``).
 """
 
 from __future__ import annotations
@@ -25,19 +30,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "rollout_bus"
-STAGES = ("publish", "stream", "shard_writer", "feed")
+TOP_LEVEL = ("producers", "streams", "consumers")  # root folders installed as rollout_bus.<name> (setup.py)
+STAGES = ("producers", "streams", "consumers.shard_writer", "consumers.feed")
 # Top down; names in one tuple are independent of each other.
-LAYERS = (("cli",), ("tools",), ("sim", "learn", "observe"), STAGES, ("kafka",), ("config",), ("policy",), ("wire",),
-          ("model",), ("errors",))
+LAYERS = (("cli",), ("demo",), ("sim", "learn", "observe", "replay", "local_kafka"), STAGES, ("kafka",), ("config",),
+          ("policy",), ("wire",), ("model",), ("errors",))
+CONTAINERS = ("consumers",)  # packages that only hold layered packages
 CONTRACT_PACKAGES = ("wire", "model")
 CLIENT_LIBRARIES = ("kafka", "aiokafka", "faust")
-CLIENT_OWNERS = ("rollout_bus.kafka", "rollout_bus.stream.app")
+CLIENT_OWNERS = ("rollout_bus.kafka", "rollout_bus.streams.app")
+
+
+def folder_of(package: str) -> Path:
+    """Where ``package`` lives in the repository: a root folder for ``rollout_bus.producers`` and the like."""
+    parts = package.split(".")
+    if len(parts) > 1 and parts[1] in TOP_LEVEL:
+        return ROOT.joinpath(*parts[1:])
+    return ROOT.joinpath(*parts)
 
 
 def modules_of(package: str) -> list[tuple[str, bool]]:
     """(dotted name, is a package) of every module directly in ``package``, from the files on disk."""
-    path = ROOT / package.replace(".", "/")
-    return sorted((f"{package}.{m.name}", m.ispkg) for m in pkgutil.iter_modules([str(path)]))
+    found = [(f"{package}.{m.name}", m.ispkg) for m in pkgutil.iter_modules([str(folder_of(package))])]
+    if package == PACKAGE:
+        found += [(f"{PACKAGE}.{name}", True) for name in TOP_LEVEL]
+    return sorted(found)
 
 
 def layered() -> set[str]:
@@ -52,14 +69,27 @@ def contract_modules() -> list[str]:
 
 def unlayered() -> list[str]:
     """Sub-packages or root modules on disk that no layer names: a new one must be placed."""
-    return [name for name, _ in modules_of(PACKAGE) if name not in layered()]
+    names = [name for name, _ in modules_of(PACKAGE)]
+    for container in CONTAINERS:
+        names.remove(f"{PACKAGE}.{container}")
+        names += [name for name, _ in modules_of(f"{PACKAGE}.{container}")]
+    return [name for name in names if name not in layered()]
 
 
 def client_users() -> list[str]:
     """Every module that must reach Kafka through ``rollout_bus.kafka``."""
-    users = [f"{PACKAGE}.{name}" for layer in LAYERS for name in layer if name not in ("kafka", "stream")]
-    users += [name for name, _ in modules_of(f"{PACKAGE}.stream") if name not in CLIENT_OWNERS]
+    users = [f"{PACKAGE}.{name}" for layer in LAYERS for name in layer if name not in ("kafka", "streams")]
+    users += [name for name, _ in modules_of(f"{PACKAGE}.streams") if name not in CLIENT_OWNERS]
     return users
+
+
+def installed_tree(into: Path) -> Path:
+    """The package as a wheel installs it (the root folders inside ``rollout_bus/``), copied under ``into``."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / PACKAGE, into / PACKAGE, ignore=ignore)
+    for name in TOP_LEVEL:
+        shutil.copytree(ROOT / name, into / PACKAGE / name, ignore=ignore)
+    return into
 
 
 def _lines(name: str, values) -> str:
@@ -74,14 +104,15 @@ def config_text() -> str:
     return "\n".join([
         "[importlinter]\n" + _lines("root_packages", (PACKAGE,)) + "include_external_packages = True\n"
         "contracts =\n    layers\n    contracts-do-no-io\n    one-place-for-kafka\n",
-        "[importlinter:contract:layers]\nname = Layers: cli -> tools -> (sim | learn | observe) -> stages -> kafka -> "
+        "[importlinter:contract:layers]\nname = Layers: cli -> demo -> (sim | learn | observe | replay | local_kafka) -> "
+        "stages -> kafka -> "
         "config -> policy -> wire -> model -> errors\ntype = layers\n" + _lines("layers", layer_lines),
         "[importlinter:contract:contracts-do-no-io]\n"
         "name = Contracts do no I/O: the wire and the data model import no layer above them and no Kafka client\n"
         "type = forbidden\n" + _lines("source_modules", contract_modules())
         + _lines("forbidden_modules", above_contracts),
         "[importlinter:contract:one-place-for-kafka]\n"
-        "name = One place for Kafka I/O: only rollout_bus.kafka and rollout_bus.stream.app import kafka, "
+        "name = One place for Kafka I/O: only rollout_bus.kafka and rollout_bus.streams.app import kafka, "
         "aiokafka, faust\n"
         "type = forbidden\nallow_indirect_imports = True\n" + _lines("source_modules", client_users())
         + _lines("forbidden_modules", CLIENT_LIBRARIES),
@@ -93,9 +124,11 @@ def run_lint(extra_args: tuple[str, ...] = ("--no-cache",)) -> subprocess.Comple
     if lint is None:
         raise SystemExit("import-linter is a test dependency: pip install -e '.[test]'")
     with tempfile.TemporaryDirectory() as tmp:
+        tree = installed_tree(Path(tmp) / "installed")
         config = Path(tmp) / "importlinter.ini"
         config.write_text(config_text())
-        return subprocess.run([lint, str(config), *extra_args], cwd=ROOT, capture_output=True, text=True,
+        # lint-imports puts its working directory first on sys.path: the copy is what grimp reads
+        return subprocess.run([lint, str(config), *extra_args], cwd=tree, capture_output=True, text=True,
                               timeout=300)
 
 

@@ -10,8 +10,8 @@ from rich.console import Console
 from rollout_bus.cli import options
 from rollout_bus.config import BatchingSettings, KafkaSettings
 from rollout_bus.errors import BrokerError, ConfigError
-from rollout_bus.kafka.dev.local_broker import BrokerLease
-from rollout_bus.tools.demo import DemoOptions, run_demo
+from rollout_bus.local_kafka.local_broker import BrokerLease
+from rollout_bus.demo.run import DemoOptions, run_demo
 
 console = Console(stderr=True)
 

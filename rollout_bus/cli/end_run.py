@@ -28,7 +28,7 @@ def end_run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Send an end-of-run record for RUN_ID to every rollout.turns partition (once all its generators exited)."""
-    from rollout_bus.publish.publisher import TurnPublisher
+    from rollout_bus.producers.publisher import TurnPublisher
 
     options.configure_logging(verbose)
     if not run_id.strip():

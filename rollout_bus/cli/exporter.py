@@ -15,7 +15,7 @@ from rich.console import Console
 from rollout_bus.cli import options
 from rollout_bus.cli.tail import stage_groups
 from rollout_bus.observe.exporter import Exporter
-from rollout_bus.observe.feed import MetricsFeed
+from rollout_bus.observe.live_feed import MetricsFeed
 
 console = Console(stderr=True)
 

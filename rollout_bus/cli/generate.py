@@ -51,12 +51,12 @@ from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
 from rollout_bus.kafka.flow_reporter import FlowReporter
 from rollout_bus.model.flow_metrics import generator_flow
-from rollout_bus.feed.weights import WeightWatcher
+from rollout_bus.consumers.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
-    from rollout_bus.publish.broker_wait import BrokerWait
-    from rollout_bus.publish.run import GenerateSummary
-    from rollout_bus.publish.staleness_gate import GateWait
+    from rollout_bus.producers.broker_wait import BrokerWait
+    from rollout_bus.producers.run import GenerateSummary
+    from rollout_bus.producers.staleness_gate import GateWait
 
 console = Console(stderr=True)
 logger = logging.getLogger("rollout_bus.cli.generate")
@@ -97,8 +97,8 @@ def _run(settings: GenerateSettings, kafka: KafkaSettings,
          stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
     from rollout_bus.learn.generator import publish_policy_turns  # torch: imported only when generating, so
     from rollout_bus.sim.generator import publish_generated        # the rest of the CLI starts fast
-    from rollout_bus.publish.publisher import TurnPublisher
-    from rollout_bus.publish.staleness_gate import StalenessGate
+    from rollout_bus.producers.publisher import TurnPublisher
+    from rollout_bus.producers.staleness_gate import StalenessGate
 
     kwargs = kafka.client_kwargs()
     topics = kafka.topics()

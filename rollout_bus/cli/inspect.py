@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
-from rollout_bus.tools.inspect import inspect_position, render
+from rollout_bus.observe.inspect import inspect_position, render
 from rollout_bus.wire.positions import Position, parse_position, with_prefix
 
 err = Console(stderr=True, emoji=False)

@@ -12,9 +12,9 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError, ConfigError
-from rollout_bus.kafka.dev.compose_secrets import COMPOSE_HOSTS, ComposeSecrets
-from rollout_bus.kafka.dev.local_broker import LocalBroker
-from rollout_bus.kafka.dev.runtime import classpath, ensure_jars, java_executable
+from rollout_bus.local_kafka.compose_secrets import COMPOSE_HOSTS, ComposeSecrets
+from rollout_bus.local_kafka.local_broker import LocalBroker
+from rollout_bus.local_kafka.runtime import classpath, ensure_jars, java_executable
 
 app = typer.Typer(help="Run a real single-node Apache Kafka (KRaft) on 127.0.0.1, and Kafka's own tools.",
                   no_args_is_help=True)

@@ -51,9 +51,9 @@ def publish_from_engine(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Ask the engine for one turn with its sampling supports and publish it to rollout.turns."""
-    from rollout_bus.publish.engine_client import EngineClient
-    from rollout_bus.publish.engine_client import publish_from_engine as publish
-    from rollout_bus.publish.publisher import TurnPublisher
+    from rollout_bus.producers.engine_client import EngineClient
+    from rollout_bus.producers.engine_client import publish_from_engine as publish
+    from rollout_bus.producers.publisher import TurnPublisher
 
     options.configure_logging(verbose)
     context = _ids(input_ids)

@@ -25,8 +25,8 @@ from rollout_bus.config import BatchingSettings
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.wire.positions import RangeStart, parse_range_start, with_prefix
-from rollout_bus.tools.replay import ReplayReport
-from rollout_bus.tools.replay import replay as run_replay
+from rollout_bus.replay.rerun import ReplayReport
+from rollout_bus.replay.rerun import replay as run_replay
 
 err = Console(stderr=True, emoji=False)
 out_console = Console(emoji=False)
@@ -85,7 +85,7 @@ def replay(
     topic_prefix: str | None = options.TOPIC_PREFIX,
 ) -> None:
     """Rebuild shards from rollout.episodes or rollout.turns offsets with the shard writer's code; compare."""
-    logging.getLogger("rollout_bus.stream").setLevel(logging.ERROR)  # what the offline merge rejects is in the summary
+    logging.getLogger("rollout_bus.streams").setLevel(logging.ERROR)  # what the offline merge rejects is in the summary
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     flags = {"batching": batching, "dp_size": dp_size, "groups_per_batch": groups_per_batch,
              "normalization": normalization}

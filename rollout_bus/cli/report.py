@@ -17,7 +17,7 @@ from rollout_bus.errors import BrokerError
 from rollout_bus.observe.learning import learning_curve
 from rollout_bus.observe.report import build_report, render_html
 from rollout_bus.observe.run_reader import read_run
-from rollout_bus.tools.accounting import written_batches
+from rollout_bus.observe.accounting import written_batches
 console = Console(stderr=True)
 
 
@@ -40,7 +40,7 @@ def report(
         raise typer.Exit(2)
     learning = None
     if train is not None:
-        from rollout_bus.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
+        from rollout_bus.consumers.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
 
         if not (train / TRAINED_NAME).is_file():
             console.print(f"[red]error:[/red] --train {train} holds no {TRAINED_NAME}")

@@ -4,7 +4,7 @@ Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; ex
 writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
 Broker outages never end it: the writer waits, logging one line per retry. ``--max-staleness K``
 (or ``ROLLOUT_BUS_MAX_STALENESS``, ``BatchingSettings.max_staleness``) turns on the staleness net of step
-batching (``rollout_bus.shard_writer.staleness``); the progress line counts the episodes it dropped.
+batching (``rollout_bus.consumers.shard_writer.staleness``); the progress line counts the episodes it dropped.
 Before it reads anything, the writer declares its batching on rollout.run (or checks the run's):
 a writer whose batching differs from the run's exits 2 naming the setting.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from rollout_bus.shard_writer.writer import ShardWriter
-from rollout_bus.shard_writer.options import WriterOptions, WriterStats
+from rollout_bus.consumers.shard_writer.writer import ShardWriter
+from rollout_bus.consumers.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.cli import options
 from rollout_bus.config import ShardSettings
 from rollout_bus.errors import EXIT_PARTITIONS_CHANGED, ConfigError, PartitionsChangedError
@@ -96,7 +96,7 @@ def shards(
             console.print(f"[red]shard writer refused:[/red] {exc}")
             raise typer.Exit(2) from exc
         except PartitionsChangedError as exc:
-            logging.getLogger("rollout_bus.shard_writer").error("%s", exc)
+            logging.getLogger("rollout_bus.consumers.shard_writer").error("%s", exc)
             raise typer.Exit(EXIT_PARTITIONS_CHANGED) from exc
     console.print(_progress_line(stats))
     if stats.batches_found:

@@ -1,7 +1,7 @@
 """``rollout-bus stream``: the Faust stream worker (merges turns into episodes, windowed metrics).
 
 Thin: parse flags, build ``KafkaSettings`` and ``StreamSettings`` (flags, then ``ROLLOUT_BUS_*``,
-then defaults), call ``rollout_bus.stream.worker.run_worker``, exit with its status.
+then defaults), call ``rollout_bus.streams.worker.run_worker``, exit with its status.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def stream(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Run a stream worker until interrupted: rollout.turns in; rollout.episodes, rollout.metrics, rollout.dlq out."""
-    from rollout_bus.stream.worker import run_worker  # the stage is imported only when the command runs
+    from rollout_bus.streams.worker import run_worker  # the stage is imported only when the command runs
 
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix, local_port=port)

@@ -1,6 +1,6 @@
 """``rollout-bus tail``: live metrics of a run, refreshing in place.
 
-The reading and folding are ``rollout_bus.observe.feed.MetricsFeed``; this module holds the rest: the
+The reading and folding are ``rollout_bus.observe.live_feed.MetricsFeed``; this module holds the rest: the
 flags, the rich tables a person watches (``render``: windows, latest batch, staleness, dead letters,
 lag), and the refresh loop (a live view on a terminal, one snapshot per interval otherwise).
 
@@ -28,7 +28,7 @@ from rich.table import Table
 
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings, ShardSettings, StreamSettings
-from rollout_bus.observe.feed import MetricsFeed
+from rollout_bus.observe.live_feed import MetricsFeed
 
 # (metric, column header): headers short enough for an 80-column terminal
 WINDOW_COLUMNS = [("episode_response_length/mean", "len mean"), ("episode_response_length/median", "median"),

@@ -14,7 +14,7 @@ metadata (a fresh create can lag): a sorted list, or ``MissingTopicError`` after
 
 The few client-library names the stages need (``TopicPartition``, ``OffsetAndMetadata``,
 ``KafkaError`` ...) are re-exported here, so only ``rollout_bus.kafka`` imports kafka-python,
-aiokafka or Faust (and ``rollout_bus/stream/app.py``, the Faust app).
+aiokafka or Faust (and ``streams/app.py``, the Faust app).
 """
 
 from __future__ import annotations

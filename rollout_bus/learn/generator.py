@@ -25,7 +25,7 @@ Contract:
   sent as ``model.turns.split_turn`` pieces, one per version: ABORTED parts, then the continuation
   (the turn counter moves on by one per piece); merged, they give back the turn exactly.
 * ``publish_policy_turns(settings, publisher, watcher=None, progress=None, gate=None, stop=None)`` publishes
-  them all (``rollout_bus.publish.run.publish_turns``). Following the trainer (a ``watcher``), it first
+  them all (``rollout_bus.producers.run.publish_turns``). Following the trainer (a ``watcher``), it first
   waits for a published, verified checkpoint (``wait_for_first_weights``: an INFO line when it begins
   and every 10 s), so no token comes from weights the trainer does not hold, and the engine loads each
   version the trainer publishes; without one it samples from ``build_policy(settings.seed)``.
@@ -49,10 +49,10 @@ from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.model.turns import split_turn
 from rollout_bus.policy.sampler import Sampler
-from rollout_bus.publish.groups import GroupSpec, plan_groups
-from rollout_bus.publish.run import GenerateSummary, ProgressFn, publish_turns
-from rollout_bus.publish.staleness_gate import StalenessGate
-from rollout_bus.publish.torch_threads import torch_threads
+from rollout_bus.producers.groups import GroupSpec, plan_groups
+from rollout_bus.producers.run import GenerateSummary, ProgressFn, publish_turns
+from rollout_bus.producers.staleness_gate import StalenessGate
+from rollout_bus.producers.torch_threads import torch_threads
 from rollout_bus.wire.records import WeightVersion
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object
 def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, progress: ProgressFn | None = None,
                          gate: StalenessGate | None = None, stop: Callable[[], bool] | None = None,
                          device: str | None = None) -> GenerateSummary:
-    """Generate with the real policy and publish (``rollout_bus.publish.run.publish_turns``). With a
+    """Generate with the real policy and publish (``rollout_bus.producers.run.publish_turns``). With a
     ``watcher`` (a ``WeightWatcher`` on rollout.weights) the engine loads every version the trainer
     publishes, starting with its first, which it waits for; without one it samples from
     ``build_policy(settings.seed)`` as version ``settings.policy_version``."""

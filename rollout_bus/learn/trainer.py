@@ -1,7 +1,7 @@
 """The real trainer: the generators' own policy, trained on what the bus delivers, shipped back as checkpoints.
 
 It follows every DP rank's shard feed like the stand-in (``rollout_bus.sim.trainer``) and keeps its
-exactly-once checkpoint (``rollout_bus.feed.training``), but what it trains is the ``LlamaForCausalLM``
+exactly-once checkpoint (``rollout_bus.consumers.feed.training``), but what it trains is the ``LlamaForCausalLM``
 the generators sample from, and after every step it writes that policy's weights as a verified
 checkpoint and publishes where they are on rollout.weights, so the generators' next tokens come from
 the weights this step made.
@@ -49,9 +49,9 @@ import numpy as np
 import torch
 
 from rollout_bus.errors import ConfigError, ContractError, must_be
-from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
+from rollout_bus.consumers.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.wire.topics import Topics
-from rollout_bus.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
+from rollout_bus.consumers.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
 from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 from rollout_bus.policy.checkpoint import CheckpointRef, read_checkpoint, save_checkpoint

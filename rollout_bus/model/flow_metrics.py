@@ -2,7 +2,7 @@
 
 Why: asynchronous RL trades the generators' idle time (held back by the staleness bound) against the
 trainer's (starved of batches); these two numbers say which side waits. The batch-side flow (sample age,
-discarded tokens) is the shard writer's (``rollout_bus.shard_writer.flow``).
+discarded tokens) is the shard writer's (``rollout_bus.consumers.shard_writer.flow``).
 
 Contract (keys without the ``rollout/`` prefix, floats; fractions of ``elapsed_s``, 0.0 when it is 0):
 

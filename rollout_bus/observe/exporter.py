@@ -43,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from rollout_bus.kafka.clients import KafkaError
 from rollout_bus.observe.metrics_view import metric_series
-from rollout_bus.observe.feed import MetricsFeed
+from rollout_bus.observe.live_feed import MetricsFeed
 from rollout_bus.wire.records import METRIC_PREFIX
 
 logger = logging.getLogger(__name__)

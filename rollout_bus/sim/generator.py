@@ -5,7 +5,7 @@ Contract:
 * ``iter_turns(settings)`` yields ``(sample, args)`` for every turn, where ``args`` holds the
   ``publish_turn`` keywords ``turn``, ``attempt``, ``final`` and ``group_size``; no Kafka is
   involved. The same settings (seed included) yield the same samples in the same order.
-* ``ceil(episodes / n_samples_per_prompt)`` prompt groups (``rollout_bus.publish.groups.plan_groups``), assigned to
+* ``ceil(episodes / n_samples_per_prompt)`` prompt groups (``rollout_bus.producers.groups.plan_groups``), assigned to
   the adapters round-robin.
   ``group_index`` counts the step's prompt groups across adapters (group g goes to adapter g mod A),
   so a step batch's range of group indices is complete from the episodes alone; each adapter numbers
@@ -15,11 +15,11 @@ Contract:
 * Order: groups one after another; inside a group the live episodes advance one turn per round
   and their turns come out in index order, as concurrent engine calls would. The steps of all of
   a round's rollouts are batched: one ``[B, V]`` policy call and one sampling op per step.
-* ``publish_generated(settings, publisher, progress=...)`` sends all of it (``rollout_bus.publish.run``) (plus the deliberate
+* ``publish_generated(settings, publisher, progress=...)`` sends all of it (``rollout_bus.producers.run``) (plus the deliberate
   faults of ``inject_faults``), then, with ``end_of_run`` on, closes the run (``run_id``, or a
   fresh uuid hex) with ``publisher.publish_end_of_run`` once everything is acknowledged, and
   returns a ``GenerateSummary`` naming the run.
-* With a ``gate`` (``rollout_bus.publish.staleness_gate.StalenessGate``: the staleness bound and the trainer's live
+* With a ``gate`` (``rollout_bus.producers.staleness_gate.StalenessGate``: the staleness bound and the trainer's live
   version), ``iter_turns(settings, gate)`` calls ``gate.admit(group_index)`` before it starts each group
   (it may wait there for the trainer) and stamps each engine call with ``gate.current()``; without
   one every call carries ``policy_version`` and nothing waits. ``publish_generated(..., gate=gate)``
@@ -42,10 +42,10 @@ from rollout_bus.sim.faults import FaultPlan
 from rollout_bus.sim.interruption import interruption_point
 from rollout_bus.sim.policy import Policy
 from rollout_bus.sim.sampling import SamplingParams, sample_tokens
-from rollout_bus.publish.groups import GroupSpec, parse_adapters, plan_groups
-from rollout_bus.publish.run import GenerateSummary, ProgressFn, publish_turns
-from rollout_bus.publish.staleness_gate import StalenessGate
-from rollout_bus.publish.torch_threads import torch_threads
+from rollout_bus.producers.groups import GroupSpec, parse_adapters, plan_groups
+from rollout_bus.producers.run import GenerateSummary, ProgressFn, publish_turns
+from rollout_bus.producers.staleness_gate import StalenessGate
+from rollout_bus.producers.torch_threads import torch_threads
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.sample import Sample
@@ -158,7 +158,7 @@ class _TurnShifts:
 
 def publish_generated(settings: GenerateSettings, publisher, progress: ProgressFn | None = None,
                       gate: StalenessGate | None = None) -> GenerateSummary:
-    """Generate and publish everything (``rollout_bus.publish.run.publish_turns``), with the deliberate
+    """Generate and publish everything (``rollout_bus.producers.run.publish_turns``), with the deliberate
     faults of ``inject_faults`` sent after the turns; return what was sent."""
 
     def faults(summary: GenerateSummary, last_final: tuple[Sample, dict] | None) -> None:

@@ -9,7 +9,7 @@ checkpoint was and trains exactly the batches after it again.
 Contract:
 
 * ``run_train_sim(options, *, log=None, on_progress=None) -> TrainSimResult`` opens one
-  ``rollout_bus.feed.trainer_feed.ShardFeed`` per rank of ``options.ranks``. Each step takes the next batch
+  ``rollout_bus.consumers.feed.trainer_feed.ShardFeed`` per rank of ``options.ranks``. Each step takes the next batch
   of every rank's feed (they must hold the same seq, else ``ContractError``), computes each rank's
   loss (``grpo_tis_loss`` of ``shard_support_log_probs`` when the shard has sampling masks, else of a
   full-vocabulary ``log_softmax``; advantages are each sample's ``rewards`` broadcast over its
@@ -31,7 +31,7 @@ Contract:
   deterministic given the checkpoint, so a run killed between checkpoints and restarted ends with
   the same trained seqs and the same losses as an undisturbed one.
 * A full disk is waited out (``rollout_bus.model.files.wait_for_disk``), one WARNING line every 10 s.
-* The checkpoint, ``trained.jsonl`` and the run's reconciliation are ``rollout_bus.feed.training``'s,
+* The checkpoint, ``trained.jsonl`` and the run's reconciliation are ``rollout_bus.consumers.feed.training``'s,
   shared with the real trainer (``rollout_bus.learn.trainer``).
 """
 
@@ -47,9 +47,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rollout_bus.feed.trainer_feed import ShardFeed, TrainBatch
+from rollout_bus.consumers.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.wire.topics import Topics
-from rollout_bus.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
+from rollout_bus.consumers.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.files import wait_for_disk

@@ -21,7 +21,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewPartitions
 
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.kafka.dev.local_broker import LocalBroker, port_is_free
+from rollout_bus.local_kafka.local_broker import LocalBroker, port_is_free
 from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
 from tests.chaos.harness import FaultContext, FaultNotInjected, Observation
 from tests.topic_offsets import end_offsets

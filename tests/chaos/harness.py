@@ -10,7 +10,7 @@ Contract:
 * ``watch`` polls about every ``POLL_S``: the record counts of rollout.turns, rollout.episodes and the
   dead letters read, and the complete batches on disk (one ``Observation``). A stage that exits on
   its own (other than the generator with 0) fails the run at once. The run is done when the
-  generator has exited 0, reconciliation holds (``rollout_bus.tools.accounting``: every episode of
+  generator has exited 0, reconciliation holds (``rollout_bus.observe.accounting``: every episode of
   its summary in exactly one batch, or in the DLQ), the fault thread has finished, and the
   scenario's own condition holds; or when the deadline passes. A run whose episodes are all settled
   (each in a batch or in the DLQ) but not cleanly (a valid episode only in the DLQ, one in two
@@ -45,9 +45,9 @@ from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.acls import grant_roles
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.dev.secure import SecureSetup
-from rollout_bus.tools.accounting import Reconciliation, reconcile
-from rollout_bus.tools.processes import StageProcess
+from rollout_bus.local_kafka.secure import SecureSetup
+from rollout_bus.observe.accounting import Reconciliation, reconcile
+from rollout_bus.demo.processes import StageProcess
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.wire.topics import Topics
 from tests.chaos.evidence import log_excerpt

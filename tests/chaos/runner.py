@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rollout_bus.kafka.dev.local_broker import LocalBroker
-from rollout_bus.tools.accounting import Reconciliation
+from rollout_bus.local_kafka.local_broker import LocalBroker
+from rollout_bus.observe.accounting import Reconciliation
 from rollout_bus.wire.dead_letter import DeadLetter, DlqKind
-from rollout_bus.kafka.dev.local_cluster import LocalCluster, free_ports
+from rollout_bus.local_kafka.local_cluster import LocalCluster, free_ports
 from tests.chaos.faults import injected_ids
 from tests.chaos.evidence import longest_episode_tokens, shard_digests
 from tests.chaos.harness import ChaosRun, Expected, FaultContext, RunFacts, Workload, recovery_times
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenario(s) {unknown}; known: {sorted(BY_NAME)}")
     scenarios = [BY_NAME[n] for n in args.only] if args.only else (QUICK if args.quick else FULL)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for ours in ("tests.chaos", "rollout_bus.kafka.dev.local_cluster"):
+    for ours in ("tests.chaos", "rollout_bus.local_kafka.local_cluster"):
         logging.getLogger(ours).setLevel(logging.INFO)  # what was injected when
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # refused connections are the point here
     work_dir = args.work_dir or Path(tempfile.gettempdir()) / f"rollout-bus-chaos-{time.strftime('%Y%m%d-%H%M%S')}"

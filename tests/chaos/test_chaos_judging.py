@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.wire.dead_letter import DeadLetter, DlqKind
-from rollout_bus.tools.accounting import Reconciliation
-from rollout_bus.stream.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
+from rollout_bus.observe.accounting import Reconciliation
+from rollout_bus.streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
 from tests.chaos.faults import CHAOS_ID, malformed_records
 from tests.chaos.evidence import log_excerpt
 from tests.chaos.harness import ChaosRun, Expected, Observation, RunFacts, Signal, Workload, recovery_times
@@ -141,9 +141,9 @@ def test_quiet_for_counts_from_the_last_change_of_any_count(tmp_path: Path):
 
 def test_log_excerpt_keeps_earlier_warnings_before_the_last_lines(tmp_path: Path):
     log = tmp_path / "stage.log"
-    log.write_text("\n".join(["a INFO start", "b WARNING rollout_bus.stream.processor: dead letter kind=gap",
+    log.write_text("\n".join(["a INFO start", "b WARNING rollout_bus.streams.processor: dead letter kind=gap",
                               *[f"c INFO counts {i}" for i in range(20)]]))
     excerpt = log_excerpt(log, lines=3, warnings=5).splitlines()
-    assert excerpt == ["b WARNING rollout_bus.stream.processor: dead letter kind=gap", "...",
+    assert excerpt == ["b WARNING rollout_bus.streams.processor: dead letter kind=gap", "...",
                        "c INFO counts 17", "c INFO counts 18", "c INFO counts 19"]
     assert log_excerpt(tmp_path / "none.log", 3, 5) == "(no log)"

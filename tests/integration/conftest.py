@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.dev.local_broker import LocalBroker, broker_answers
+from rollout_bus.local_kafka.local_broker import LocalBroker, broker_answers
 from rollout_bus.wire.topics import Topics
 
 TEST_PORT = 39092

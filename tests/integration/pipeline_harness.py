@@ -11,9 +11,9 @@ from typing import Callable
 from rich.console import Console
 
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.tools.accounting import Reconciliation
+from rollout_bus.observe.accounting import Reconciliation
 from rollout_bus.config import BatchingSettings
-from rollout_bus.tools.demo import DemoOptions, DemoRun, written_batches
+from rollout_bus.demo.run import DemoOptions, DemoRun, written_batches
 from rollout_bus.kafka.reader import TopicWatcher
 
 Drill = Callable[[DemoRun, TopicWatcher], None]

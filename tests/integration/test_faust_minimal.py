@@ -11,7 +11,7 @@ the agent's queue and Faust marks its offset read, then ``flow_control.resume()`
 (``clear_on_resume``) and the record is gone: never processed, never acknowledged, never fetched again
 (faust-streaming #596 describes the same clearing). The stream stage guards against exactly this: its state
 position notices the jump, and a timer reads idle partitions up to their end (``catch_up_idle`` in
-``rollout_bus.stream.processor``). This app, as small as Faust allows, has no such guard; what it tests is
+``rollout_bus.streams.processor``). This app, as small as Faust allows, has no such guard; what it tests is
 the table's recovery. Its log is kept at info (each count with its offset) so a failure shows the steps."""
 
 from __future__ import annotations

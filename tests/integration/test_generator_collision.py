@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from rollout_bus.config import GenerateSettings
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.wire.headers import control_kind

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_bus.feed.training import read_trained, reconcile_training
+from rollout_bus.consumers.feed.training import read_trained, reconcile_training
 from rollout_bus.learn.trainer import WEIGHTS_DIR
 from rollout_bus.policy.checkpoint import checkpoint_path
-from rollout_bus.tools.demo import written_batches
+from rollout_bus.demo.run import written_batches
 
 pytestmark = pytest.mark.kafka
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from rollout_bus.errors import BrokerError
-from rollout_bus.kafka.dev import runtime
-from rollout_bus.kafka.dev.local_broker import (LOG4J2, LocalBroker, format_storage, new_cluster_id, port_is_free,
+from rollout_bus.local_kafka import runtime
+from rollout_bus.local_kafka.local_broker import (LOG4J2, LocalBroker, format_storage, new_cluster_id, port_is_free,
                                             server_properties)
 
 PORT = 39192
@@ -71,7 +71,7 @@ def test_missing_java_is_reported_with_how_to_install_it(tmp_path, monkeypatch):
 
 
 def test_a_broker_that_dies_while_starting_is_reported_with_its_log(tmp_path, monkeypatch):
-    from rollout_bus.kafka.dev import local_broker
+    from rollout_bus.local_kafka import local_broker
 
     monkeypatch.setattr(local_broker.LocalBroker, "heap", "-Xmx1k")  # the JVM refuses to start with this heap
     with pytest.raises(BrokerError, match="exited with code") as caught:

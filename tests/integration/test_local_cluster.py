@@ -12,11 +12,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from rollout_bus.errors import AccessDenied, ConfigError
-from rollout_bus.feed.weights import WeightPublisher
+from rollout_bus.consumers.feed.weights import WeightPublisher
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.clients import new_producer
-from rollout_bus.kafka.dev.local_broker import port_is_free
-from rollout_bus.kafka.dev.local_cluster import LocalCluster, cluster_properties, free_ports
+from rollout_bus.local_kafka.local_broker import port_is_free
+from rollout_bus.local_kafka.local_cluster import LocalCluster, cluster_properties, free_ports
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.wire.topics import Topics
 

@@ -12,10 +12,10 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from rollout_bus.config import GenerateSettings
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.errors import EXIT_PARTITIONS_CHANGED
-from rollout_bus.stream.app import changelog_topic
+from rollout_bus.streams.app import changelog_topic
 from rollout_bus.wire.headers import control_kind
 from tests.integration.test_stream_worker import Reader, Worker, _expected_episodes, _keys
 
@@ -108,7 +108,7 @@ def test_a_shard_writer_exits_when_rollout_episodes_gains_partitions_and_its_res
 def test_a_generator_says_when_the_partition_count_it_hashes_over_changes(kafka_bootstrap, topics, caplog):
     import logging
 
-    caplog.set_level(logging.WARNING, logger="rollout_bus.publish.publisher")
+    caplog.set_level(logging.WARNING, logger="rollout_bus.producers.publisher")
     turns = list(iter_turns(GenerateSettings(episodes=2, seed=3, vocab_size=4096, max_response_len=32)))
     publisher = TurnPublisher(kafka_bootstrap, topic=topics.turns, metadata_max_age_ms=500)  # refreshes fast here
     try:

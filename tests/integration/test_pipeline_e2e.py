@@ -119,7 +119,7 @@ def test_injected_faults_land_in_the_dlq_with_reasons_and_the_run_still_accounts
 
 def test_a_valid_episode_that_ends_only_in_the_dlq_fails_the_reconciliation(kafka_bootstrap, tmp_path):
     """The same faults, judged as if none had been injected: the mask-check batch-mates are valid episodes lost."""
-    from rollout_bus.tools.accounting import reconcile
+    from rollout_bus.observe.accounting import reconcile
     from rollout_bus.kafka.reader import TopicWatcher
 
     run, _ = run_pipeline(kafka_bootstrap, tmp_path, inject_faults=True, seed=11)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kafka import KafkaAdminClient
 
-from rollout_bus.tools.demo import STREAM_APP_ID
+from rollout_bus.demo.run import STREAM_APP_ID
 from tests.integration.pipeline_harness import run_pipeline
 
 

@@ -14,7 +14,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from rollout_bus.sim.generator import iter_turns
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import BrokerError, ContractError

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.dev.local_cluster import free_ports
+from rollout_bus.local_kafka.local_cluster import free_ports
 from rollout_bus.wire.topics import Topics
 from tests.integration.test_publisher import read_all
 
@@ -51,7 +51,7 @@ def test_publishing_through_a_two_minute_broker_outage_delivers_every_record_onc
     bootstrap = f"127.0.0.1:{port}"
     topics = Topics(prefix="outage.")
     ensure_topics({"bootstrap_servers": bootstrap}, topics)
-    caplog.set_level(logging.INFO, logger="rollout_bus.publish")
+    caplog.set_level(logging.INFO, logger="rollout_bus.producers")
     waits: list = []
     sent: list[int] = []
     errors: list[BaseException] = []

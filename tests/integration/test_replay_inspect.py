@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 from rollout_bus.cli.inspect import inspect as inspect_command
 from rollout_bus.cli.replay import replay as replay_command
 from rollout_bus.errors import CodecError, ConfigError
-from rollout_bus.tools.inspect import inspect_position, render
+from rollout_bus.observe.inspect import inspect_position, render
 from rollout_bus.kafka.clients import wait_for_partitions
 from rollout_bus.kafka.reader import TopicReader, open_reader
 from rollout_bus.wire.positions import Position, RangeStart
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.tools.replay import manifests_in_dir, replay, settle_settings
+from rollout_bus.replay.rerun import manifests_in_dir, replay, settle_settings
 from tests.integration.pipeline_harness import run_pipeline
 
 

@@ -22,15 +22,15 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.errors import AccessDenied, BrokerError
-from rollout_bus.feed.weights import WeightPublisher, WeightWatcher
+from rollout_bus.consumers.feed.weights import WeightPublisher, WeightWatcher
 from rollout_bus.kafka.acls import apply_bindings, list_bindings, role_bindings
 from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.clients import new_admin, new_producer
-from rollout_bus.kafka.dev.certificates import keytool_beside, make_authority
-from rollout_bus.kafka.dev.local_broker import LocalBroker
-from rollout_bus.kafka.dev.local_cluster import free_ports
-from rollout_bus.kafka.dev.runtime import java_executable
-from rollout_bus.kafka.dev.secure import ADMIN
+from rollout_bus.local_kafka.certificates import keytool_beside, make_authority
+from rollout_bus.local_kafka.local_broker import LocalBroker
+from rollout_bus.local_kafka.local_cluster import free_ports
+from rollout_bus.local_kafka.runtime import java_executable
+from rollout_bus.local_kafka.secure import ADMIN
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.wire.topics import Topics
 from tests.integration.pipeline_harness import run_pipeline, shard_digests

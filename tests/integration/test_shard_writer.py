@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from rollout_bus.shard_writer.out_dir import scan_out_dir
-from rollout_bus.shard_writer.writer_lock import LOCK_NAME
+from rollout_bus.consumers.shard_writer.out_dir import scan_out_dir
+from rollout_bus.consumers.shard_writer.writer_lock import LOCK_NAME
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, encode_episode

@@ -18,13 +18,13 @@ import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from rollout_bus.shard_writer.writer import ShardWriter
-from rollout_bus.shard_writer.options import WriterOptions
-from rollout_bus.feed.trainer_feed import ShardFeed
+from rollout_bus.consumers.shard_writer.writer import ShardWriter
+from rollout_bus.consumers.shard_writer.options import WriterOptions
+from rollout_bus.consumers.feed.trainer_feed import ShardFeed
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.wire.positions import RangeStart
-from rollout_bus.tools.replay import replay
+from rollout_bus.replay.rerun import replay
 from rollout_bus.wire.records import Abandoned
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics

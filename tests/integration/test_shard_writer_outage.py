@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.kafka.dev.local_cluster import free_ports
+from rollout_bus.local_kafka.local_cluster import free_ports
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
 from tests.integration.test_shard_writer import (GROUP_SIZE, REPO, end_of_run, make_episode, manifests, publish,

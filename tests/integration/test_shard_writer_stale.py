@@ -18,7 +18,7 @@ from rollout_bus.model.metrics import compute_staleness_metrics
 from rollout_bus.wire.positions import RangeStart
 from rollout_bus.wire.records import EpisodeInfo, decode_episode, encode_episode
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.tools.replay import replay
+from rollout_bus.replay.rerun import replay
 from rollout_bus.wire.rollout_key import rollout_key_string
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_segment, manifests, publish,
                                                  read_topic, run_writer)

@@ -23,7 +23,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.feed.weights import WeightPublisher
+from rollout_bus.consumers.feed.weights import WeightPublisher
 from rollout_bus.wire.records import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.wire.topics import Topics
@@ -174,8 +174,8 @@ def test_a_generator_waits_for_the_slow_trainer_and_no_turn_is_staler_than_the_b
         assert summary["episodes_finished"] == EPISODES and summary["weight_waits"] >= 1
         assert summary["live_version_min"] == 0 and summary["live_version_max"] >= BATCHES - 2
         assert {k for k, _a in summary["episodes"]} == finals_on_topic(trainer)
-        said = [line for line in gen.log().splitlines() if WAITING in line and "rollout_bus.publish.staleness_gate" in line]
-        assert said and all(" INFO rollout_bus.publish.staleness_gate: " in line for line in said)  # waiting is no warning
+        said = [line for line in gen.log().splitlines() if WAITING in line and "rollout_bus.producers.staleness_gate" in line]
+        assert said and all(" INFO rollout_bus.producers.staleness_gate: " in line for line in said)  # waiting is no warning
         flow = flow_records(client_kwargs, fresh)  # the generator's own account of its wait, on rollout.metrics
         assert flow and flow[-1]["final"] and {d["stage"] for d in flow} == {"generator"}
         last = flow[-1]["metrics"]

@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.partitioner.default import murmur2
 
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.limits import consumer_config
 from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun, decode_episode

@@ -16,7 +16,7 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from rollout_bus.sim.generator import iter_turns
 from tests.integration.groups import stable_group
-from rollout_bus.publish.publisher import TurnPublisher
+from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import adapter_scope
@@ -25,7 +25,7 @@ from rollout_bus.wire.records import decode_episode, fold_window_records
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
-from rollout_bus.stream.episode_state import share_final_reward
+from rollout_bus.streams.episode_state import share_final_reward
 
 pytestmark = pytest.mark.kafka
 

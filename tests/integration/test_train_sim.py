@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 
-from rollout_bus.tools.demo import written_batches
-from rollout_bus.feed.training import read_trained, reconcile_training
+from rollout_bus.demo.run import written_batches
+from rollout_bus.consumers.feed.training import read_trained, reconcile_training
 from tests.integration.pipeline_harness import run_pipeline
 
 pytestmark = pytest.mark.kafka

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from rollout_bus.feed.dataset import ShardFeedDataset
-from rollout_bus.feed.trainer_feed import ShardFeed
+from rollout_bus.consumers.feed.dataset import ShardFeedDataset
+from rollout_bus.consumers.feed.trainer_feed import ShardFeed
 from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.model.shards import load_shard
-from rollout_bus.tools.demo import written_batches
+from rollout_bus.demo.run import written_batches
 from rollout_bus.wire.topics import Topics
 from tests.integration.pipeline_harness import run_pipeline
 

@@ -11,7 +11,7 @@ import pytest
 
 from rollout_bus.errors import ConfigError, FeedTimeoutError
 from rollout_bus.kafka.admin import ensure_topics
-from rollout_bus.feed.weights import WeightPublisher, WeightWatcher
+from rollout_bus.consumers.feed.weights import WeightPublisher, WeightWatcher
 from rollout_bus.wire.topics import Topics
 from tests.integration.test_topic_admin import configs
 

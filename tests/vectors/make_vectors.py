@@ -4,7 +4,7 @@ A client in another language tests itself against the files, not against this sc
 is one record (exact key bytes, headers, value bytes) plus its decoded form in plain JSON, and
 ``partitions.json`` gives the partition of every key (README.md in this folder says how to use them).
 
-The samples are written out literally below, and encoded the way ``rollout_bus.publish.publisher.TurnPublisher``
+The samples are written out literally below, and encoded the way ``rollout_bus.producers.publisher.TurnPublisher``
 does (key ``rollout_key_of(sample)``, value ``encode_samples([sample],
 TURN_FIELDS)``, ``TurnHeaders(...).to_kafka()`` headers with a fixed ``sent_at``), so the files
 change only when the wire format does.

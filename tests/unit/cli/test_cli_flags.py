@@ -12,7 +12,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def worker_calls(monkeypatch):
-    import rollout_bus.stream.worker
+    import rollout_bus.streams.worker
 
     calls: list[dict] = []
 
@@ -20,7 +20,7 @@ def worker_calls(monkeypatch):
         calls.append(kwargs)
         return 0
 
-    monkeypatch.setattr(rollout_bus.stream.worker, "run_worker", fake_run_worker)
+    monkeypatch.setattr(rollout_bus.streams.worker, "run_worker", fake_run_worker)
     return calls
 
 
@@ -42,7 +42,7 @@ def test_stream_replication_factor_falls_back_to_the_environment_then_one(worker
 @pytest.fixture
 def generate_runs(monkeypatch):
     import rollout_bus.cli.generate as generate
-    from rollout_bus.publish.run import GenerateSummary
+    from rollout_bus.producers.run import GenerateSummary
 
     runs: list = []
 

@@ -422,7 +422,7 @@ def test_docker_compose_accepts_both_layouts():
 
 
 def test_the_secure_layout_mounts_only_made_secrets_and_names_no_password():
-    from rollout_bus.kafka.dev.compose_secrets import ComposeSecrets
+    from rollout_bus.local_kafka.compose_secrets import ComposeSecrets
 
     made = ComposeSecrets(COMPOSE / "secrets")
     setup = made.setup

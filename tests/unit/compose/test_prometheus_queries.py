@@ -26,7 +26,7 @@ PROMETHEUS = COMPOSE / "prometheus"
 
 
 def batch_flow_example() -> dict[str, float]:
-    """The flow keys a written batch's record carries (``rollout_bus.shard_writer.flow.batch_flow``)."""
+    """The flow keys a written batch's record carries (``rollout_bus.consumers.shard_writer.flow.batch_flow``)."""
     return {"flow/sample_age_s/p50": 2.0, "flow/sample_age_s/p99": 9.0, "flow/sample_age_s/max": 10.0,
             "flow/response_tokens": 100.0, "flow/discarded_token_fraction": 0.3,
             **{f"flow/discarded_tokens/{c}": 10.0 for c in ("aborted", "removed", "stale")},

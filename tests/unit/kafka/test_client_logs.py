@@ -75,9 +75,9 @@ def test_the_same_call_site_with_another_exception_is_another_kind():
 
 def test_other_loggers_other_templates_and_info_lines_are_untouched():
     keep = RepeatFilter(10.0, clock=lambda: 0.0)
-    assert all(keep.filter(_record("rollout_bus.stream.app", "waiting %s")) for _ in range(3))
+    assert all(keep.filter(_record("rollout_bus.streams.app", "waiting %s")) for _ in range(3))
     assert all(keep.filter(_record("aiokafka", "joined %s", logging.INFO)) for _ in range(3))
     assert keep.filter(_record("kafka.client", "a %s", line=1)) and keep.filter(_record("kafka.client", "b %s", line=2))
     assert not keep.filter(_record("kafka.client", "a %s", line=1))
-    own = _record("rollout_bus.shard_writer", "failed", exc_info=_exc_info(ValueError("x")))
+    own = _record("rollout_bus.consumers.shard_writer", "failed", exc_info=_exc_info(ValueError("x")))
     assert keep.filter(own) and own.exc_info is not None  # our own tracebacks stay

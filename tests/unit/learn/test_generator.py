@@ -48,7 +48,7 @@ from rollout_bus.model.turns import merge_samples
 from rollout_bus.policy.checkpoint import CheckpointRef, save_checkpoint
 from rollout_bus.policy.model import build_policy
 from rollout_bus.policy.sampler import Sampler
-from rollout_bus.publish.groups import plan_groups
+from rollout_bus.producers.groups import plan_groups
 from rollout_bus.wire.records import WeightVersion
 
 # seed 28, 30 episodes in groups of 4 (the last one of 2): five episodes call the tool, two of them

@@ -112,7 +112,7 @@ def test_the_report_folds_each_batchs_flow_and_the_latest_record_of_each_source(
 def test_a_trainer_of_some_ranks_is_its_own_source():
     from types import SimpleNamespace
 
-    from rollout_bus.feed.training import trainer_source
+    from rollout_bus.consumers.feed.training import trainer_source
 
     def feeds(*ranks):
         return {r: SimpleNamespace(dp_size=4) for r in ranks}

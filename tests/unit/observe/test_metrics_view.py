@@ -24,7 +24,7 @@ def _episode(rollout_id: int, length: int, reward: float, adapter: str | None = 
 
 def _partial(start: int, adapter: str | None, partition: int, episodes: list[list[Sample]], *,
              closed: bool = False) -> bytes:
-    """A window record as the stream stage publishes it (rollout_bus.stream.windows.window_record)."""
+    """A window record as the stream stage publishes it (rollout_bus.streams.windows.window_record)."""
     stats = EpisodeStats()
     for episode in episodes:
         stats.add_episode(episode)

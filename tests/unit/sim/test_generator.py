@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
-from rollout_bus.publish.groups import parse_adapters, plan_groups
+from rollout_bus.producers.groups import parse_adapters, plan_groups
 from rollout_bus.sim.generator import iter_turns, publish_generated
 from rollout_bus.sim.policy import Policy
 from rollout_bus.sim.sampling import SamplingParams, sample_tokens
@@ -300,13 +300,13 @@ def test_unusable_settings_are_refused():
 # --- the staleness gate ----------------------------------------------------------------------------
 
 def gated(watcher, groups_per_batch=1, max_staleness=None):
-    from rollout_bus.publish.staleness_gate import StalenessGate
+    from rollout_bus.producers.staleness_gate import StalenessGate
 
     return StalenessGate(watcher, groups_per_batch=groups_per_batch, max_staleness=max_staleness)
 
 
 def test_a_gate_stamps_every_engine_call_with_the_live_version_and_changes_nothing_else():
-    from tests.unit.publish.test_staleness_gate import FakeWatcher
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
 
     plain = list(iter_turns(small(tool_call_prob=0.5)))
     followed = list(iter_turns(small(tool_call_prob=0.5), gated(FakeWatcher(version=7))))
@@ -318,7 +318,7 @@ def test_a_gate_stamps_every_engine_call_with_the_live_version_and_changes_nothi
 
 
 def test_a_group_starts_only_once_the_gate_admits_it_and_carries_the_version_it_was_admitted_under():
-    from tests.unit.publish.test_staleness_gate import FakeWatcher
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
 
     watcher = FakeWatcher(version=0, published=[1, 2])
     turns = list(iter_turns(small(episodes=12, n_samples_per_prompt=4), gated(watcher, 1, 0)))
@@ -330,7 +330,7 @@ def test_a_group_starts_only_once_the_gate_admits_it_and_carries_the_version_it_
 
 
 def test_the_summary_names_the_live_versions_seen_and_the_waits():
-    from tests.unit.publish.test_staleness_gate import FakeWatcher
+    from tests.unit.producers.test_staleness_gate import FakeWatcher
 
     summary = publish_generated(small(), MemoryPublisher(), gate=gated(FakeWatcher(0, [1, 2]), 1, 0))
     doc = summary.to_json()

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import rollout_bus.sim.trainer as train_sim
-import rollout_bus.feed.training as training
+import rollout_bus.consumers.feed.training as training
 from rollout_bus.cli.train_sim import parse_ranks
 from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.model.shards import load_shard, shard_tensors, write_batch_shards
 from rollout_bus.model.trainer_math import response_token_index, shard_support_log_probs
-from rollout_bus.feed.training import (CHECKPOINT_NAME, TRAINED_NAME, TrainState, read_trained, reconcile_training,
+from rollout_bus.consumers.feed.training import (CHECKPOINT_NAME, TRAINED_NAME, TrainState, read_trained, reconcile_training,
                                        trained_jsonl)
 from rollout_bus.sim.trainer import TrainSimOptions, build_policy, previous_tokens, rank_loss, run_train_sim, train_step
 

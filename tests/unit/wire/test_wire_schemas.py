@@ -26,12 +26,12 @@ import safetensors
 from jsonschema import Draft202012Validator
 
 from rollout_bus.config import ShardSettings
-from rollout_bus.shard_writer.batcher import Batcher
-from rollout_bus.shard_writer.batch import Batch
-from rollout_bus.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
-from rollout_bus.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
-from rollout_bus.shard_writer.dead_letters import STAGE as SHARDS_STAGE
-from rollout_bus.shard_writer.batch import split_stale
+from rollout_bus.consumers.shard_writer.batcher import Batcher
+from rollout_bus.consumers.shard_writer.batch import Batch
+from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
+from rollout_bus.consumers.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
+from rollout_bus.consumers.shard_writer.dead_letters import STAGE as SHARDS_STAGE
+from rollout_bus.consumers.shard_writer.batch import split_stale
 from rollout_bus.sim.faults import MALFORMED_VALUE
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.wire.codec import decode_samples, encode_samples
@@ -49,10 +49,10 @@ from rollout_bus.wire.topics import Topics
 from rollout_bus.wire.headers import HEADER_REROUTED_FROM
 from rollout_bus.wire.rollout_key import rollout_key_of, rollout_key_string
 from rollout_bus.model.shards import batch_path
-from rollout_bus.stream.processor import TurnProcessor
-from rollout_bus.stream.state import ChangelogState
-from rollout_bus.stream.turn_record import TurnRecord
-from tests.unit.stream.test_episode_state import _Sink
+from rollout_bus.streams.processor import TurnProcessor
+from rollout_bus.streams.state import ChangelogState
+from rollout_bus.streams.turn_record import TurnRecord
+from tests.unit.streams.test_episode_state import _Sink
 from tests.wire_schemas import ID_BASE, header_object, problems, schemas, validate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -170,7 +170,7 @@ def run_stream(records: list[TurnRecord]) -> list[tuple[str, bytes | None, bytes
 
 
 def write_batches(run: OfflineRun) -> None:
-    """The shard writer's steps (rollout_bus.shard_writer.writer._write) over the emitted episode records."""
+    """The shard writer's steps (rollout_bus.consumers.shard_writer.writer._write) over the emitted episode records."""
     batcher = Batcher(2, "step")
     for offset, (_topic, key, value, headers) in enumerate(run.on(TOPICS.episodes)):
         item = parse_record(key, value, headers, partition=0, offset=offset)

@@ -1,0 +1,77 @@
+"""The flow metrics of one written batch: how old its episodes were when it was written, and how much of
+what was generated for it is thrown away, by cause.
+
+Why: a run can be healthy by every count and still waste its fleet: samples that wait long before they
+train are off-policy, and tokens that never train are compute spent for nothing. Only the writer sees a
+batch's whole fate (what it writes, what its staleness net drops, which samples are removed).
+
+Contract: ``batch_flow(decision, now_ms)`` returns keys without the ``rollout/`` prefix (``records.prefixed``
+adds it), all floats:
+
+* ``flow/sample_age_s/{p50,p99,max}``: per written episode, ``now_ms`` minus its final turn's ``sent_at``
+  (the episode record's header: the generator's clock when it sent that turn), in seconds; numpy's
+  linear percentiles. Absent when no written episode has a ``sent_at`` above 0.
+* ``flow/response_tokens``: the response tokens of every episode the batch decided on, written and stale.
+* ``flow/discarded_tokens/{aborted,removed,stale}`` and ``flow/discarded_token_fraction/{...}`` (over
+  ``flow/response_tokens``), plus the unscoped ``flow/discarded_token_fraction``, their sum: a stale
+  episode's tokens (dropped by the staleness net, dead-lettered as ``stale``), a removed sample's
+  (``remove_sample``) counted ``aborted`` when its status is ABORTED, else ``removed``. Fractions are
+  absent when the batch has no response token.
+
+They are live observations: the rollout.metrics batch record carries them, the manifest does not (a
+replay writes it again byte for byte), and a batch found on disk at start-up and announced late has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from rollout_bus.model.sample import Sample, Status
+from rollout_bus.consumers.shard_writer.decide import Decision
+from rollout_bus.consumers.shard_writer.episodes import Episode
+from rollout_bus.wire.headers import HEADER_SENT_AT
+
+CAUSES = ("aborted", "removed", "stale")
+
+
+def episode_sent_at_ms(episode: Episode) -> int:
+    """The episode's final turn ``sent_at`` (ms since the epoch; 0 when the record has none)."""
+    for name, value in episode.headers:
+        if name == HEADER_SENT_AT:
+            try:
+                return int(bytes(value).decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                return 0
+    return 0
+
+
+def _tokens(samples: Iterable[Sample]) -> int:
+    return sum(int(s.response_length) for s in samples)
+
+
+def batch_flow(decision: Decision, now_ms: int) -> dict[str, float]:
+    """The batch's flow metrics (see the module docstring)."""
+    batch = decision.batch
+    found: dict[str, float] = {}
+    ages = [(now_ms - sent) / 1000.0 for sent in map(episode_sent_at_ms, batch.episodes) if sent > 0]
+    if ages:
+        p50, p99 = np.percentile(np.asarray(ages, dtype=np.float64), [50, 99])
+        found |= {"flow/sample_age_s/p50": float(p50), "flow/sample_age_s/p99": float(p99),
+                  "flow/sample_age_s/max": float(max(ages))}
+    written = batch.samples()
+    discarded = {
+        "aborted": _tokens(s for s in written if s.remove_sample and s.status is Status.ABORTED),
+        "removed": _tokens(s for s in written if s.remove_sample and s.status is not Status.ABORTED),
+        "stale": _tokens(segment for stale in batch.stale for segment in stale.episode.segments),
+    }
+    total = _tokens(written) + discarded["stale"]
+    found["flow/response_tokens"] = float(total)
+    for cause in CAUSES:
+        found[f"flow/discarded_tokens/{cause}"] = float(discarded[cause])
+        if total:
+            found[f"flow/discarded_token_fraction/{cause}"] = discarded[cause] / total
+    if total:
+        found["flow/discarded_token_fraction"] = sum(discarded.values()) / total
+    return found
