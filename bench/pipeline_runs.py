@@ -25,7 +25,8 @@ from rollout_bus.producers.publisher import producer_defaults
 from rollout_bus.wire.codec import encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.wire.records import TURN_FIELDS, parse_announcement
+from rollout_bus.wire.episode_record import TURN_FIELDS
+from rollout_bus.wire.shard_announcement import parse_announcement
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.demo.run import DemoOptions, DemoRun
 from rollout_bus.wire.rollout_key import rollout_key_of

@@ -29,7 +29,7 @@ from rollout_bus.sim.generator import iter_turns  # noqa: E402
 from rollout_bus.wire.codec import encode_samples  # noqa: E402
 from rollout_bus.config import GenerateSettings  # noqa: E402
 from rollout_bus.kafka.admin import ensure_topics  # noqa: E402
-from rollout_bus.wire.records import TURN_FIELDS  # noqa: E402
+from rollout_bus.wire.episode_record import TURN_FIELDS  # noqa: E402
 from rollout_bus.wire.headers import TurnHeaders  # noqa: E402
 from rollout_bus.wire.topics import Topics  # noqa: E402
 from rollout_bus.wire.rollout_key import rollout_key_of  # noqa: E402

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.model.sample import AdapterRef
 
@@ -35,8 +34,10 @@ def parse_adapters(spec: str) -> list[AdapterRef | None]:
     return [AdapterRef(name, slot) for slot, name in enumerate(names)] or [None]
 
 
-def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
-    """Every prompt group, in publishing order.
+def plan_groups(episodes: int, n_samples_per_prompt: int, adapters: str = "", *, generators: int = 1,
+                generator_index: int = 0) -> list[GroupSpec]:
+    """Every prompt group, in publishing order: ``episodes`` in groups of ``n_samples_per_prompt`` (the
+    last one may be smaller), for the comma-separated ``adapters`` round-robin.
 
     Group indices count the RL step's prompt groups across adapters (group g goes to adapter
     g mod A), so a step batch's range of group indices is complete from the episodes alone; each
@@ -44,12 +45,11 @@ def plan_groups(settings: GenerateSettings) -> list[GroupSpec]:
     N (``generator_index``, ``generators``) makes the run's groups j * N + i (its j-th group goes to
     its adapter j mod A): N generators together make every index once, and none makes another's.
     """
-    n = settings.n_samples_per_prompt
-    adapters = parse_adapters(settings.adapters)
-    stride, offset = settings.generators, settings.generator_index
+    n = n_samples_per_prompt
+    refs = parse_adapters(adapters)
     groups = []
-    for j in range(math.ceil(settings.episodes / n)):
-        local = j // len(adapters)
-        size = min(n, settings.episodes - j * n)
-        groups.append(GroupSpec(adapters[j % len(adapters)], j * stride + offset, size, local * n))
+    for j in range(math.ceil(episodes / n)):
+        local = j // len(refs)
+        size = min(n, episodes - j * n)
+        groups.append(GroupSpec(refs[j % len(refs)], j * generators + generator_index, size, local * n))
     return groups

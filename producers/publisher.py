@@ -8,7 +8,8 @@ Contract (docs/pipeline.md section 2; the record byte for byte: WIRE.md section 
   the publisher was given one (the stream worker refuses a turn for an episode another generator made).
 * Refused before anything is sent (``ContractError`` naming the reason, the rollout key and the
   turn): a sample that fails ``validate()``, and a sample with no ``rollout_id``, ``index`` or
-  ``group_index`` identity (its key would be a batch position, meaningless across records).
+  ``group_index`` identity (its key would be a batch position, meaningless across records:
+  ``rollout_bus.wire.rollout_key.check_record_key``).
 * Refused before anything is sent, too: a turn whose encoded value is over ``max_record_bytes``
   (``ContractError`` naming the rollout key, turn, size and limit). Request sizes follow from the
   same number (``rollout_bus.kafka.limits.producer_config``).
@@ -45,15 +46,16 @@ from rollout_bus.kafka.clients import KafkaError, has_lz4, new_producer, wait_fo
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
 from rollout_bus.kafka.refusals import explain, is_refusal, refusal
 from rollout_bus.model.sample import get_rollout_key
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, check_generator_id
 from rollout_bus.model.sample import Sample
-from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
-from rollout_bus.wire.rollout_key import rollout_key_string
+from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TURNS_TOPIC
+from rollout_bus.wire.rollout_key import check_record_key, rollout_key_string
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOPIC = "rollout.turns"
+DEFAULT_TOPIC = TURNS_TOPIC
 LINGER_MS = 5
 BATCH_BYTES = 1 << 20  # a realistic turn is 5-250 kB: the 16 kB default would send one record per request
 PARTITIONS_CHECK_S = 10.0  # how often the generator looks at the partition count its producer hashes over
@@ -189,10 +191,8 @@ class TurnPublisher:
     def _checked_key(self, sample: Sample, turn: int) -> bytes:
         rollout_key = get_rollout_key(sample, 0)
         key = rollout_key_string(rollout_key)
-        if rollout_key[1] == "position":
-            raise ContractError(f"refusing turn={turn} of rollout key={key}: the sample has no rollout_id, index "
-                                "or group_index identity, and a position key means nothing across records")
         try:
+            check_record_key(rollout_key)  # a position key means nothing across records
             sample.validate()
         except ValueError as exc:
             raise ContractError(f"refusing turn={turn} of rollout key={key}: {exc}") from exc

@@ -5,11 +5,11 @@ kwargs)``; this sends them, keeps the summary the CLI prints and writes, and clo
 
 Contract:
 
-* ``publish_turns(settings, turns, publisher, progress=None, gate=None, before_flush=None)`` sends every
-  turn with ``publisher.publish_turn``, calls ``progress(summary)`` after each, then
+* ``publish_turns(turns, publisher, *, run_id="", end_of_run=True, progress=None, gate=None, before_flush=None)``
+  sends every turn with ``publisher.publish_turn``, calls ``progress(summary)`` after each, then
   ``before_flush(summary, last_final)`` (the simulated generator's deliberate faults), flushes, and with
-  ``settings.end_of_run`` closes the run (``run_id``, or a fresh uuid hex) with
-  ``publisher.publish_end_of_run`` once everything is acknowledged. It returns the ``GenerateSummary``.
+  ``end_of_run`` closes the run (``run_id``, or a fresh uuid hex) with ``publisher.publish_end_of_run``
+  once everything is acknowledged. It returns the ``GenerateSummary``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from rollout_bus.config import GenerateSettings
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.producers.staleness_gate import StalenessGate
 from rollout_bus.wire.rollout_key import rollout_key_of
@@ -67,7 +66,7 @@ ProgressFn = Callable[[GenerateSummary], None]
 BeforeFlush = Callable[[GenerateSummary, "tuple[Sample, dict] | None"], None]
 
 
-def publish_turns(settings: GenerateSettings, turns: Iterable[tuple[Sample, dict]], publisher,
+def publish_turns(turns: Iterable[tuple[Sample, dict]], publisher, *, run_id: str = "", end_of_run: bool = True,
                   progress: ProgressFn | None = None, gate: StalenessGate | None = None,
                   before_flush: BeforeFlush | None = None) -> GenerateSummary:
     """Publish every turn; flush; close the run; return what was sent.
@@ -75,7 +74,7 @@ def publish_turns(settings: GenerateSettings, turns: Iterable[tuple[Sample, dict
     ``publisher`` is a ``TurnPublisher`` (anything with ``publish_turn``, ``flush``,
     ``publish_end_of_run`` and ``bytes_sent``). ``gate``: the staleness bound the turns were made under.
     """
-    summary = GenerateSummary(run_id=settings.run_id or uuid.uuid4().hex)
+    summary = GenerateSummary(run_id=run_id or uuid.uuid4().hex)
     start_bytes = publisher.bytes_sent
     last_final: tuple[Sample, dict] | None = None
     for sample, args in turns:
@@ -93,7 +92,7 @@ def publish_turns(settings: GenerateSettings, turns: Iterable[tuple[Sample, dict
         before_flush(summary, last_final)
     publisher.flush()
     summary.bytes_sent = publisher.bytes_sent - start_bytes
-    if settings.end_of_run:
+    if end_of_run:
         summary.end_of_run_partitions = publisher.publish_end_of_run(summary.run_id)
     summary.saw(gate)
     logger.info("generated run=%s episodes=%d turns=%d bytes=%d faults=%d end_of_run_partitions=%d", summary.run_id,

@@ -10,11 +10,12 @@ reading rollout.weights.
 
 Contract:
 
-* ``StalenessGate(watcher, *, groups_per_batch, max_staleness, on_wait=None, stop=None)``; ``watcher``
-  is anything with ``version``, ``refresh()`` and ``wait_for(min_version, timeout_s=, on_wait=, stop=)``
-  (``rollout_bus.consumers.feed.weights.WeightWatcher``).
+* ``StalenessGate(watcher, run, *, on_wait=None, stop=None)``; ``watcher`` is anything with ``version``,
+  ``refresh()`` and ``wait_for(min_version, timeout_s=, on_wait=, stop=)``
+  (``rollout_bus.consumers.feed.weights.WeightWatcher``); ``run`` is the run's batching
+  (``rollout_bus.wire.run_record.RunBatching``: ``max_staleness`` and the rule ``batch_of``, checked when built).
 * ``admit(group_index)`` returns the live version once it is at least ``required(group_index)`` =
-  ``group_index // groups_per_batch - max_staleness``; it returns at once when ``max_staleness`` is
+  ``run.batch_of(group_index) - max_staleness``; it returns at once when ``max_staleness`` is
   None (no bound) or the version is already there. ``max_staleness=0`` is synchronous RL: batch k
   starts only under version k.
 * While it waits it says why, the same words on the log (INFO, once when the wait begins, then every
@@ -37,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rollout_bus.errors import ConfigError, Stopped, must_be
+from rollout_bus.errors import Stopped
+from rollout_bus.wire.run_record import RunBatching
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +79,11 @@ GateWaitFn = Callable[[GateWait | None], None]
 class StalenessGate:
     """Admission control of prompt groups by the trainer's live weight version."""
 
-    def __init__(self, watcher: VersionSource, *, groups_per_batch: int, max_staleness: int | None,
-                 on_wait: GateWaitFn | None = None, stop: Callable[[], bool] | None = None) -> None:
-        if isinstance(groups_per_batch, bool) or not isinstance(groups_per_batch, int) or groups_per_batch < 1:
-            raise ConfigError(must_be("groups_per_batch", "an int >= 1", groups_per_batch))
-        if max_staleness is not None and (isinstance(max_staleness, bool) or not isinstance(max_staleness, int)
-                                          or max_staleness < 0):
-            raise ConfigError(must_be("max_staleness", "None or an int >= 0", max_staleness))
+    def __init__(self, watcher: VersionSource, run: RunBatching, *, on_wait: GateWaitFn | None = None,
+                 stop: Callable[[], bool] | None = None) -> None:
         self.watcher = watcher
-        self.groups_per_batch = groups_per_batch
-        self.max_staleness = max_staleness
+        self.run = run
+        self.max_staleness = run.max_staleness
         self.on_wait = on_wait
         self.stop = stop
         self.lowest: int | None = None
@@ -95,7 +92,7 @@ class StalenessGate:
         self.waited_s = 0.0
 
     def batch_of(self, group_index: int) -> int:
-        return group_index // self.groups_per_batch
+        return self.run.batch_of(group_index)
 
     def required(self, group_index: int) -> int | None:
         """The least live version under which the group may start (None: no bound)."""

@@ -87,12 +87,17 @@ class BatchingSettings(_Settings):
     what batch k is. ``generate``, ``shards``, ``demo`` and ``replay`` take them from the same flags.
     """
 
-    groups_per_batch: int = Field(4, ge=1)
-    batching: Literal["step", "arrival"] = "step"
-    max_staleness: int | None = Field(None, ge=0)
+    groups_per_batch: int = 4
+    batching: str = "step"  # "step" or "arrival"
+    max_staleness: int | None = None
 
-    def declaration(self, declared_by: str) -> RunBatching:
-        """These settings as the record a stage declares on rollout.run."""
+    @model_validator(mode="after")
+    def _a_run_batching(self) -> "BatchingSettings":
+        self.run_batching()  # the one check of these settings is the value's (a ConfigError is a ValueError)
+        return self
+
+    def run_batching(self, declared_by: str = "") -> RunBatching:
+        """These settings as the value a stage is handed, and (``declared_by``: who) declares on rollout.run."""
         return RunBatching(self.groups_per_batch, self.batching, self.max_staleness, declared_by)
 
 
@@ -159,6 +164,12 @@ class GenerateSettings(BatchingSettings):
             raise ValueError(f"generator_index must be < generators={self.generators} (got {self.generator_index})")
         return self
 
+    def group_plan(self) -> dict[str, Any]:
+        """How this generator numbers its prompt groups: the arguments of ``rollout_bus.producers.groups.plan_groups``
+        (a stage takes plain values, never these settings)."""
+        return {"episodes": self.episodes, "n_samples_per_prompt": self.n_samples_per_prompt, "adapters": self.adapters,
+                "generators": self.generators, "generator_index": self.generator_index}
+
     def generator_id(self) -> str:
         """The ``generator`` header of its turns (WIRE.md 4.2): the same for a restart of this generator (same
         place among the run's generators, same seed), another for any generator that would make other episodes."""
@@ -181,6 +192,9 @@ class StreamSettings(_Settings):
     replication_factor: int = Field(1, ge=1)
 
 
+DEFAULT_DP_SIZE = 2  # data-parallel ranks: the shard writer writes one shard per rank, a trainer reads as many
+
+
 class ShardSettings(BatchingSettings):
     """The shard writer (`rollout-bus shards`); its batching is ``BatchingSettings``.
 
@@ -193,7 +207,7 @@ class ShardSettings(BatchingSettings):
     """
 
     out: str = "shards"
-    dp_size: int = Field(2, ge=1)
+    dp_size: int = Field(DEFAULT_DP_SIZE, ge=1)
     group_id: str = "rollout-bus-shards"
     normalization: Literal["none", "grpo", "grpo_std"] = "grpo"
     exit_when_idle: bool = False

@@ -50,7 +50,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -70,7 +70,7 @@ from rollout_bus.streams.broker_watch import BrokerWatch
 from rollout_bus.streams.lost_records import FetchedRange
 from rollout_bus.streams.processor import TurnProcessor
 from rollout_bus.streams.turn_record import TurnRecord, to_record
-from rollout_bus.streams.state import ChangelogState
+from rollout_bus.streams.state import ChangelogState, Publish
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +186,36 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
               on_partitions_changed: Callable[[str, int, int], None] = exit_on_partition_change) -> StreamApp:
     """The stream worker's app; ``turns_partitions`` and ``episodes_partitions`` must be the partition
     counts of rollout.turns and rollout.episodes."""
-    app = _App(
+    app = _new_app(app_id, client_kwargs, turns_partitions=turns_partitions, data_dir=data_dir,
+                   commit_interval_s=commit_interval_s, replication_factor=replication_factor,
+                   max_record_bytes=max_record_bytes)
+    source = app.topic(topics.turns, schema=faust.Schema(**_RAW))
+    table = _state_table(app, turns_partitions, max_record_bytes)
+    send = _sender(app)
+    publish_changelog = _changelog_publisher(app, table.changelog_topic.get_topic_name())
+    fetch = partial(fetch_range, client_kwargs, max_record_bytes=max_record_bytes)
+    state = ChangelogState(table.data, publish_changelog)
+    processor = TurnProcessor(state, send, topics, window_ms=max(1, int(round(window_seconds * 1000))),
+                              grace_ms=int(round(grace_seconds * 1000)), fetch=fetch,
+                              turns_partitions=turns_partitions, episodes_partitions=episodes_partitions,
+                              reads_from_start=True)
+    _add_agent(app, source, processor, partial(_owned_partitions, app, topics.turns), on_fatal)
+    _pause_for_rebalances(app, processor, on_fatal)
+    _add_recovery_timers(app, processor, topics.turns, on_fatal)
+    started_with = ((topics.turns, turns_partitions), (topics.episodes, episodes_partitions))
+    _add_broker_watch(app, client_kwargs, max_record_bytes, started_with, on_partitions_changed)
+
+    @app.timer(interval=stats_interval_s)
+    async def _log_counts() -> None:
+        logger.info("stream counts %s", processor.outcomes.summary())
+
+    return StreamApp(app, processor)
+
+
+def _new_app(app_id: str, client_kwargs: dict[str, Any], *, turns_partitions: int, data_dir: str | None,
+             commit_interval_s: float, replication_factor: int, max_record_bytes: int) -> faust.App:
+    """The Faust app with the settings the module docstring gives the reasons for."""
+    return _App(
         app_id, broker=faust_brokers(client_kwargs), broker_credentials=faust_credentials(client_kwargs),
         store="memory://", datadir=data_dir or None, processing_guarantee="at_least_once",
         topic_partitions=turns_partitions, topic_replication_factor=replication_factor,
@@ -197,11 +226,18 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         stream_wait_empty=False, stream_buffer_maxsize=STREAM_BUFFER_RECORDS, web_enabled=False, web_bind="127.0.0.1", web_port=6066,
         worker_redirect_stdouts=False,
     )
-    source = app.topic(topics.turns, schema=faust.Schema(**_RAW))
+
+
+def _state_table(app: faust.App, turns_partitions: int, max_record_bytes: int) -> Any:
+    """The one state table (``TABLE_NAME``), a partition per rollout.turns partition."""
     # bytes key/value types make Faust use the raw codec on both the write and the recovery path
-    table = app.Table(TABLE_NAME, partitions=turns_partitions, key_type=bytes, value_type=bytes,
-                      extra_topic_configs=topic_config(max_record_bytes),
-                      help="episode indexes, stored turns, window entries (rollout_bus.streams.processor)")
+    return app.Table(TABLE_NAME, partitions=turns_partitions, key_type=bytes, value_type=bytes,
+                     extra_topic_configs=topic_config(max_record_bytes),
+                     help="episode indexes, stored turns, window entries (rollout_bus.streams.processor)")
+
+
+def _sender(app: faust.App) -> Callable[..., Awaitable[Any]]:
+    """The processor's ``Sender`` over the app's producer: a size refusal raises ``RecordTooLargeError``."""
 
     async def send(topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]], *,
                    wait: bool, partition: int | None = None) -> Any:
@@ -217,7 +253,11 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
             return None
         return delivery
 
-    changelog = table.changelog_topic.get_topic_name()
+    return send
+
+
+def _changelog_publisher(app: faust.App, changelog: str) -> Publish:
+    """``ChangelogState``'s ``publish``: a partition's queued writes to the changelog topic, in order."""
 
     async def publish_changelog(partition: int, records: list[tuple[bytes, bytes | None]]) -> None:
         # record batches built here and handed over whole: one accumulator entry per batch, not per record
@@ -233,17 +273,17 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         if batch.record_count():
             await producer.send_batch(batch, changelog, partition=partition)
 
-    async def fetch(topic: str, partition: int, start: int, end: int) -> FetchedRange:
-        return await fetch_range(client_kwargs, topic, partition, start, end, max_record_bytes=max_record_bytes)
+    return publish_changelog
 
-    state = ChangelogState(table.data, publish_changelog)
-    processor = TurnProcessor(state, send, topics, window_ms=max(1, int(round(window_seconds * 1000))),
-                              grace_ms=int(round(grace_seconds * 1000)), fetch=fetch,
-                              turns_partitions=turns_partitions, episodes_partitions=episodes_partitions,
-                              reads_from_start=True)
 
-    def owned() -> set[int]:
-        return {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.turns}
+def _owned_partitions(app: faust.App, turns_topic: str) -> set[int]:
+    """The rollout.turns partitions assigned to this worker now."""
+    return {tp.partition for tp in app.consumer.assignment() if tp.topic == turns_topic}
+
+
+def _add_agent(app: faust.App, source: Any, processor: TurnProcessor, owned: Callable[[], set[int]],
+               on_fatal: Callable[[BaseException, str], None]) -> None:
+    """The one agent, ``merge_turns``: batches of rollout.turns records to the processor."""
 
     @app.agent(source, name="merge_turns")
     async def merge_turns(stream: Any) -> None:
@@ -254,6 +294,12 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
             except Exception as exc:  # not a bad record (those go to the DLQ): the worker must not idle
                 on_fatal(exc, processor.outcomes.summary())
                 raise
+
+
+def _pause_for_rebalances(app: faust.App, processor: TurnProcessor,
+                          on_fatal: Callable[[BaseException, str], None]) -> None:
+    """A revocation pauses the processor (its state written, the producer flushed) until the rebalance,
+    and the table's recovery with it, is complete."""
 
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, revoked: Any, **_: Any) -> None:
@@ -270,14 +316,20 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
     async def _rebalanced(sender: Any, **_: Any) -> None:
         processor.resume()
 
+
+def _add_recovery_timers(app: faust.App, processor: TurnProcessor, turns_topic: str,
+                         on_fatal: Callable[[BaseException, str], None]) -> None:
+    """Timers outside rebalances and recoveries: idle partitions compared with their end (records Faust
+    acknowledged without delivering them), and acknowledged finals applied with no further record."""
+
     @app.timer(interval=CATCH_UP_INTERVAL_S)
     async def _catch_up_idle_partitions() -> None:
         if app.rebalancing or app.in_recovery:
             return
         try:
             ends = {tp.partition: app.consumer.highwater(tp) for tp in app.consumer.assignment()
-                    if tp.topic == topics.turns}
-            await processor.catch_up_idle(topics.turns, ends, idle_s=CATCH_UP_IDLE_S)
+                    if tp.topic == turns_topic}
+            await processor.catch_up_idle(turns_topic, ends, idle_s=CATCH_UP_IDLE_S)
         except Exception as exc:  # same rule as the agent: never idle with an unexplained error
             on_fatal(exc, processor.outcomes.summary())
             raise
@@ -292,6 +344,12 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
             on_fatal(exc, processor.outcomes.summary())
             raise
 
+
+def _add_broker_watch(app: faust.App, client_kwargs: dict[str, Any], max_record_bytes: int,
+                      started_with: tuple[tuple[str, int], ...],
+                      on_partitions_changed: Callable[[str, int, int], None]) -> None:
+    """The timer that says when the broker stops answering (``broker_watch``: a metadata request of its own),
+    and calls ``on_partitions_changed`` when a topic of ``started_with`` (topic, partition count) has another."""
     probe_consumer: list[Any] = []  # one group-less client, started at the first probe
     seen_partitions: dict[str, int] = {}  # per topic, from the last probe's metadata
 
@@ -308,7 +366,7 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         # a metadata request of all topics: answered, or the broker is not reachable. The public topics() makes
         # the same request but returns names only; the cluster metadata it builds gives the partition counts
         cluster = await probe_consumer[0]._client.fetch_all_metadata()
-        for topic in (topics.turns, topics.episodes):
+        for topic, _ in started_with:
             seen_partitions[topic] = len(cluster.partitions_for_topic(topic) or ())
 
     watch = BrokerWatch(probe, ",".join(u.split("://", 1)[-1] for u in faust_brokers(client_kwargs)),
@@ -319,16 +377,10 @@ def build_app(*, app_id: str, client_kwargs: dict[str, Any], topics: Topics, tur
         if not await watch.check():
             return
         # the probe's metadata is fresh: a partition count raised mid-run is followed by a restart
-        for topic, started_with in ((topics.turns, turns_partitions), (topics.episodes, episodes_partitions)):
+        for topic, started in started_with:
             now = seen_partitions.get(topic, 0)
-            if now and now != started_with:
-                on_partitions_changed(topic, started_with, now)
-
-    @app.timer(interval=stats_interval_s)
-    async def _log_counts() -> None:
-        logger.info("stream counts %s", processor.outcomes.summary())
-
-    return StreamApp(app, processor)
+            if now and now != started:
+                on_partitions_changed(topic, started, now)
 
 
 def run_app(stream_app: StreamApp) -> int:

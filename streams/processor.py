@@ -1,5 +1,9 @@
 """The stream stage's work: batches of rollout.turns records in, their effects out.
 
+This module reads the records exactly once (batches, positions, catch-up, drains, rebalances); what a
+turn does to its episode is ``rollout_bus.streams.turn_merge``'s, what a control record does
+``rollout_bus.streams.end_of_run``'s.
+
 Contract:
 
 * All state lives in one table (a ``ChangelogState``: bytes keys, bytes values), so its changelog
@@ -34,9 +38,9 @@ Contract:
   again once the predecessor is stored; it becomes a ``gap`` dead letter only when the predecessor was
   dead-lettered for itself (a ``dead_key`` marker), or the run's end-of-run marker reaches its partition
   first (a final one then abandons its episode). Counted ``turns_held`` and ``turns_released``.
-* An ``end-of-run`` control record (``records.EndOfRun``) on a turns partition is forwarded, once
+* An ``end-of-run`` control record (``control_records.EndOfRun``) on a turns partition is forwarded, once
   every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
-  partition it came from.
+  partition it came from (``end_of_run``).
 * A turn on the wrong rollout.turns partition for its key is re-routed to its key's partition
   (``rollout_bus.streams.reroute`` says why and how), acknowledged before its own position moves on.
   An offline replay (``reroute=False``) holds every partition in one table: it merges a misplaced
@@ -53,29 +57,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from functools import partial
 from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Any, Protocol
 
-from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DlqKind
-from rollout_bus.errors import ContractError, RecordTooLargeError
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun, EpisodeInfo, encode_episode
-from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
-from rollout_bus.model.sample import Sample
+from rollout_bus.errors import ContractError
+from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
-from rollout_bus.model.turns import merge_samples
-from rollout_bus.streams.episode_state import (Action, Decision, EpisodeIndex, decide, finished_index, index_key,
-                                              parse_stored_turn, share_final_reward, stored_turn, turn_key)
+from rollout_bus.streams.end_of_run import EndOfRunForwarder
 from rollout_bus.streams.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
-from rollout_bus.streams.held_turns import dead_key, held_key, held_record, hold_value, is_held_key
-from rollout_bus.streams.in_flight import Final, InFlight
+from rollout_bus.streams.in_flight import InFlight
 from rollout_bus.streams.lost_records import FetchedRange, lost_ranges
-from rollout_bus.streams.rejections import Rejections, StoredTurn
 from rollout_bus.streams.reroute import home_partition, reroute_turn
 from rollout_bus.streams.state import ChangelogState
 from rollout_bus.streams.state_gate import StateGate
-from rollout_bus.streams.turn_record import Rejected, TurnRecord, parse_headers, parse_sample
+from rollout_bus.streams.turn_merge import TurnMerge
+from rollout_bus.streams.turn_record import TurnRecord
 from rollout_bus.streams.window_metrics import WindowMetrics
 
 logger = logging.getLogger(__name__)
@@ -116,7 +113,9 @@ class Outcomes(Counter):
 
 
 class TurnProcessor:
-    """Applies turns to the state table and publishes episodes, window metrics and dead letters."""
+    """Applies turns to the state table and publishes episodes, window metrics and dead letters: each record
+    once, in order, its effects written before its position (``turns`` the turn path, ``end_of_run`` the
+    control records, ``rejects`` the dead letters)."""
 
     def __init__(self, table: ChangelogState, send: Sender, topics: Topics, *, window_ms: int, grace_ms: int,
                  fetch: Fetch | None = None, turns_partitions: int = 1, episodes_partitions: int = 1,
@@ -135,11 +134,15 @@ class TurnProcessor:
         self._last_seen: dict[int, float] = {}
         self.outcomes = Outcomes()
         self.windows = WindowMetrics(table, send, topics, self.outcomes, window_ms=window_ms, grace_ms=grace_ms)
-        self.rejects = Rejections(table, send, topics, self.outcomes, finish=self._finish, forget=self._delete)
         self._in_flight = InFlight()
+        self.turns = TurnMerge(table, send, topics, self.outcomes, windows=self.windows, in_flight=self._in_flight,
+                               markers=self.markers)
+        self.rejects = self.turns.rejects
+        self.end_of_run = EndOfRunForwarder(send, topics, self.outcomes, self.rejects, settle=self._settle,
+                                            turns_partitions=turns_partitions,
+                                            episodes_partitions=episodes_partitions)
         self._next_offset: dict[int, int] = {}  # ahead of the recorded position until it is written
         self._written_position: dict[int, int] = {}
-        self._decoded: dict[bytes, Sample] = {}  # stored turns as parsed on arrival: no second decode to merge
 
     def forget_partitions(self) -> None:
         """Drop cached per-partition bookkeeping (after a rebalance it is reloaded from the table)."""
@@ -147,7 +150,7 @@ class TurnProcessor:
         self._in_flight.clear()  # the new owner replays from the recorded position: nothing is lost
         self._next_offset.clear()
         self._written_position.clear()
-        self._decoded.clear()
+        self.turns.forget_decoded()
         self.markers.forget()
 
     async def pause(self) -> None:
@@ -289,9 +292,9 @@ class TurnProcessor:
         if home is not None:
             await self._reroute(record, home)
         elif control is None:
-            await self._turn(record)
+            await self.turns.turn(record)
         else:
-            await self._control(record, control)
+            await self.end_of_run.handle(record, control)
         await self._close_due(record.partition)
         self._next_offset[record.partition] = record.offset + 1
 
@@ -305,7 +308,7 @@ class TurnProcessor:
                 self.table.bind(partition)
                 self.table[position_key(partition)] = b"%d" % position
                 self._written_position[partition] = position
-                self._prune_finished(partition, position)
+                self.turns.prune_finished(partition, position)
 
     async def _reroute(self, record: TurnRecord, home: int) -> None:
         """Send a misplaced turn on to its key's partition, where the worker owning its episode merges it."""
@@ -316,206 +319,13 @@ class TurnProcessor:
         else:
             await self.rejects.dead_letter(record, DlqKind.PARTITION, reason)
 
-    async def _turn(self, record: TurnRecord, *, released: bool = False) -> None:
-        """One turn record to its outcome; a dead-lettered final turn abandons its episode. ``released``: a
-        held turn taken up again once its predecessor is stored (counted once, when it arrived)."""
-        if not released:
-            self.outcomes["turns_received"] += 1
-        headers = None
-        try:
-            headers = parse_headers(record)
-            sample = parse_sample(record)
-            raw_index = self.table.get(index_key(record.key))
-            index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
-            decision = decide(index, headers)
-            if index is not None and index.finished and headers.final and headers.attempt == index.attempt:
-                for turn in range(headers.turn):  # a replayed final: stored turns a crash left behind the marker
-                    self._delete(turn_key(record.key, headers.attempt, turn))
-            await self._apply(decision, record, headers, sample)
-        except Rejected as rejected:
-            await self.rejects.dead_letter(record, rejected.kind, rejected.reason)
-            if headers is None or rejected.kind in (DlqKind.COLLISION, DlqKind.FINISHED):
-                return  # another generator's turn, or one after the end: the episode held is not touched
-            if headers.final:
-                await self.rejects.abandon(record, headers, rejected.kind, rejected.reason)
-            else:
-                await self._never_merged(record, headers, rejected.kind)
-
-    async def _never_merged(self, record: TurnRecord, headers: TurnHeaders, kind: str) -> None:
-        """A turn dead-lettered for itself: its successor (held now, or arriving later) can never merge, so it is
-        a ``gap`` at once rather than at the run's end."""
-        self.table[dead_key(record.key, headers.attempt, headers.turn)] = b"%d" % record.partition
-        raw = self.table.get(held_key(record.key, headers.attempt, headers.turn + 1))
-        if raw is not None:
-            self._delete(held_key(record.key, headers.attempt, headers.turn + 1))
-            await self._turn(held_record(held_key(record.key, headers.attempt, headers.turn + 1), raw), released=True)
-
-    async def _control(self, record: TurnRecord, control: str) -> None:
-        """An end-of-run marker is forwarded to every rollout.episodes partition, after every
-        episode of its partition is acknowledged (so a reader that sees it has seen them all)."""
-        self.outcomes["control_records"] += 1
-        if control != CONTROL_END_OF_RUN:
-            await self.rejects.dead_letter(record, DlqKind.CONTROL, f"control record {control!r} is not one "
-                                                                    f"rollout.turns carries (expected "
-                                                                    f"{CONTROL_END_OF_RUN!r})")
-            return
-        try:
-            marker = EndOfRun.from_value(record.value)
-        except ContractError as exc:
-            await self.rejects.dead_letter(record, DlqKind.CONTROL, str(exc))
-            return
-        self.table.bind(record.partition)
-        await self._expire_held(record.partition)
+    async def _settle(self, partition: int) -> None:
+        """Before an end-of-run marker of ``partition`` is forwarded: the turns held there are decided for the
+        last time, and every in-flight episode is acknowledged."""
+        self.table.bind(partition)
+        await self.turns.expire_held(partition)
         await self.drain()
-        self.table.bind(record.partition)
-        forwarded = marker.forwarded(record.partition, self.turns_partitions)
-        for partition in range(self.episodes_partitions):
-            await self.send(self.topics.episodes, END_OF_RUN_KEY, forwarded.value(), forwarded.headers(), wait=True,
-                            partition=partition)
-        self.outcomes["end_of_run_forwarded"] += 1
-        logger.info("end of run run=%s partition=%d offset=%d forwarded to %d episode partitions", marker.run,
-                    record.partition, record.offset, self.episodes_partitions)
-
-    async def _apply(self, decision: Decision, record: TurnRecord, headers: TurnHeaders, sample: Sample) -> None:
-        if decision.action in (Action.DUPLICATE, Action.SUPERSEDED):
-            self.outcomes["duplicates_ignored" if decision.action is Action.DUPLICATE else "superseded_turns"] += 1
-            logger.debug("ignored %s key=%r offset=%d: %s", decision.action.value, record.key, record.offset,
-                         decision.reason)
-            return
-        if decision.action is Action.DLQ:
-            raise Rejected(decision.kind, decision.reason)
-        if decision.action is Action.HOLD:
-            if dead_key(record.key, headers.attempt, headers.turn - 1) in self.table:
-                raise Rejected(DlqKind.GAP, f"{decision.reason}; turn {headers.turn - 1} was dead-lettered")
-            self.table[held_key(record.key, headers.attempt, headers.turn)] = hold_value(record)
-            self.outcomes["turns_held"] += 1
-            logger.info("holding key=%r turn=%d attempt=%d offset=%d until its predecessor arrives: %s", record.key,
-                        headers.turn, headers.attempt, record.offset, decision.reason)
-            return
-        if decision.discard_attempt is not None:
-            for turn in range(decision.discard_turns):
-                self._delete(turn_key(record.key, decision.discard_attempt, turn))
-            self.outcomes["superseded_attempts"] += 1
-            self.outcomes["superseded_turns_discarded"] += decision.discard_turns
-        if decision.action is Action.STORE:
-            key = turn_key(record.key, headers.attempt, headers.turn)
-            self.table[key] = stored_turn(record.offset, headers.sent_at_ms, record.value or b"")
-            self._decoded[key] = sample
-            self.table[index_key(record.key)] = decision.index.to_bytes()
-            self.outcomes["turns_stored"] += 1
-            await self._release_next(record.key, headers.attempt, headers.turn + 1)
-            return
-        await self._emit(decision.index, record, headers, sample)
-
-    async def _release_next(self, key: bytes, attempt: int, turn: int) -> None:
-        """The turn held for ``(attempt, turn)`` of ``key``, if any, is processed now that its predecessor is stored."""
-        raw = self.table.get(held_key(key, attempt, turn))
-        if raw is None:
-            return
-        self._delete(held_key(key, attempt, turn))
-        self.outcomes["turns_released"] += 1
-        await self._turn(held_record(held_key(key, attempt, turn), raw), released=True)
-
-    async def _expire_held(self, partition: int) -> None:
-        """At the run's end on ``partition`` no predecessor can come: every turn still held there is decided
-        once more, and one still ahead of its predecessor is a ``gap`` dead letter (a final one abandons)."""
-        for key in sorted(k for k in list(self.table.keys()) if is_held_key(k)):
-            raw = self.table.get(key)
-            if raw is None:  # released meanwhile by an earlier one
-                continue
-            record = held_record(key, raw)
-            if record.partition != partition:
-                continue
-            self._delete(key)
-            headers = parse_headers(record)
-            index_raw = self.table.get(index_key(record.key))
-            decision = decide(EpisodeIndex.from_bytes(index_raw) if index_raw is not None else None, headers)
-            if decision.action is Action.HOLD:
-                reason = f"{decision.reason}; the run ended on this partition before it came"
-                await self.rejects.dead_letter(record, DlqKind.GAP, reason)
-                if headers.final:
-                    await self.rejects.abandon(record, headers, DlqKind.GAP, reason)
-            else:
-                await self._turn(record, released=True)
-
-    def _delete(self, key: bytes) -> None:
-        """Delete through ``__delitem__``, the path that writes the changelog tombstone."""
-        self._decoded.pop(key, None)
-        if key in self.table:
-            del self.table[key]
-
-    def _stored_turns(self, key: bytes, attempt: int, count: int) -> list[StoredTurn]:
-        """(offset, sent_at_ms, payload) of the stored turns 0..count-1 of an attempt."""
-        found = []
-        for turn in range(count):
-            raw = self.table.get(turn_key(key, attempt, turn))
-            if raw is None:
-                raise ContractError(f"stored turn {turn} of attempt {attempt} is missing from the state table")
-            found.append(parse_stored_turn(raw))
-        return found
-
-    def _stored_sample(self, key: bytes, attempt: int, turn: int, payload: bytes) -> Sample:
-        """A stored turn's sample: as parsed on arrival, or decoded from the state (after a recovery)."""
-        cached = self._decoded.get(turn_key(key, attempt, turn))
-        return cached if cached is not None else decode_samples(payload, TURN_FIELDS)[0][0]
-
-    async def _emit(self, index: EpisodeIndex, record: TurnRecord, headers: TurnHeaders, final: Sample) -> None:
-        """Merge, publish, count in its window, then forget the turns (in that order)."""
-        try:
-            stored = self._stored_turns(record.key, headers.attempt, headers.turn)
-        except ContractError as exc:
-            raise Rejected(DlqKind.STATE, str(exc)) from exc
-        try:
-            turns = [self._stored_sample(record.key, headers.attempt, turn, payload)
-                     for turn, (_, _, payload) in enumerate(stored)] + [final]
-            segments = share_final_reward(merge_samples(turns), final)
-        except ValueError as exc:
-            await self.rejects.reject_episode(index, record, headers, stored, f"episode cannot be merged: {exc}")
-            return
-        info = EpisodeInfo(attempt=headers.attempt, turns=headers.turn + 1, group_size=headers.group_size,
-                           final_sent_at_ms=headers.sent_at_ms, event_time_ms=record.timestamp_ms)
-        value = encode_episode(segments, info)
-        too_large = partial(self.rejects.too_large, index, record, headers, stored, len(value))
-        try:
-            delivery = await self.send(self.topics.episodes, record.key, value, info.headers(), wait=False)
-        except RecordTooLargeError as exc:
-            await too_large(exc)
-            return
-
-        def count() -> None:
-            self.outcomes["episodes_emitted"] += 1
-            self.outcomes["turns_merged"] += len(turns)
-            if len(segments) > 1:
-                self.outcomes["episodes_with_siblings"] += 1
-            self.windows.count(record, segments)
-
-        def finish() -> None:
-            self._finish(index, record.key, headers, record)
-
-        self._in_flight.add(Final(record.partition, record.key, delivery, count, finish, too_large))
-
-    def _finish(self, index: EpisodeIndex, key: bytes, headers: TurnHeaders, final: TurnRecord) -> None:
-        """Leave the finished marker (where the final turn was, for pruning); forget the stored turns."""
-        self.table[index_key(key)] = finished_index(index, final.partition, final.offset).to_bytes()
-        self.markers.add(final.partition, final.offset, key)
-        for turn in range(headers.turn):
-            self._delete(turn_key(key, headers.attempt, turn))
-            self._delete(dead_key(key, headers.attempt, turn))
-
-    def _prune_finished(self, partition: int, position: int) -> None:
-        """Delete finished markers far behind the partition's recorded position (``finished_markers``)."""
-        if not self.markers.loaded(partition):
-            found = []
-            for key in [k for k in self.table.keys() if k.startswith(b"e|")]:
-                index = EpisodeIndex.from_bytes(self.table[key])
-                if index.finished and index.partition == partition and index.final_offset >= 0:
-                    found.append((index.final_offset, key[2:]))
-            self.markers.load(partition, found)
-        for final_offset, key in self.markers.due(partition, position):
-            raw = self.table.get(index_key(key))
-            if raw is not None and EpisodeIndex.from_bytes(raw).final_offset == final_offset:
-                self._delete(index_key(key))
-                self.outcomes["finished_markers_pruned"] += 1
+        self.table.bind(partition)
 
     async def _close_due(self, partition: int) -> None:
         """Close the windows the watermark passed; in-flight finals are counted in their windows first."""

@@ -8,7 +8,7 @@ for must complete from the log alone, even when one of its episodes never will (
 * A rejected record goes to rollout.dlq as a ``DeadLetter``, counted ``dlq.<kind>``; one too large to
   copy goes by reference (value null, kind ``too_large``, the original at ``dlq.source``). Never fatal.
 * An episode that will never be emitted is said so on rollout.episodes with an ``abandoned`` control
-  record (``records.Abandoned``, keyed by the rollout key): when its final turn is dead-lettered (what
+  record (``control_records.Abandoned``, keyed by the rollout key): when its final turn is dead-lettered (what
   is stored of it goes to the DLQ too, kind ``abandoned``), when it cannot be merged (every turn to the
   DLQ, kind ``merge``), and when its episode record is over the size limit (dead-lettered by reference,
   kind ``too_large``, the final turn's source and the offsets of its turns in the reason). The episode
@@ -28,7 +28,7 @@ from rollout_bus.streams.state import ChangelogState
 from rollout_bus.streams.turn_record import TurnRecord
 from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage, lost_letter
 from rollout_bus.wire.headers import TurnHeaders
-from rollout_bus.wire.records import Abandoned
+from rollout_bus.wire.control_records import Abandoned
 from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.wire.topics import Topics
 

@@ -15,7 +15,7 @@ from typing import Any
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DlqKind, source_of
 from rollout_bus.errors import CodecError, ContractError
-from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.rollout_key import rollout_key_of

@@ -12,7 +12,7 @@ Contract:
   and deleted). A window is due to close once ``watermark >= end + grace``; a final turn whose
   window is already closed is late: it is counted as such and left out of every window.
 * ``window_record(entry, closed)`` is the rollout.metrics value: ``window_metrics_record`` plus
-  the partition, the offset and the ``EpisodeStats`` JSON, so that ``records.fold_window_records``
+  the partition, the offset and the ``EpisodeStats`` JSON, so that ``metrics_records.fold_window_records``
   can rebuild each window's statistics from the per-partition partials (the last record per
   ``(window, adapter, partition)`` wins, in topic order).
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.errors import ContractError, must_be
-from rollout_bus.wire.records import window_metrics_record
+from rollout_bus.wire.metrics_records import window_metrics_record
 from rollout_bus.model.sample import Sample
 
 Window = tuple[int, int]  # (start_ms, end_ms)

@@ -9,7 +9,8 @@ The folder tree is the data-flow diagram (docs/architecture.md), and these contr
 * the contracts (``wire``, ``model`` and the modules loose at the package root, found on disk, so a
   new one cannot be left out) import none of the layers above them and no Kafka client library;
 * only ``rollout_bus.kafka`` and ``rollout_bus.streams.app`` (the Faust app) import ``kafka``,
-  ``aiokafka`` or ``faust``; everything else reaches Kafka through ``rollout_bus.kafka``.
+  ``aiokafka`` or ``faust``; everything else reaches Kafka through ``rollout_bus.kafka``;
+* settings end in the CLI: no stage imports ``rollout_bus.config`` (they take small plain values).
 
 ``python -m tests.import_contracts`` writes the configuration to a temporary file, runs
 ``lint-imports`` on it and exits with its status; ``--print`` shows the configuration.
@@ -103,7 +104,7 @@ def config_text() -> str:
     above_contracts = sorted(layered() - contracts - {f"{PACKAGE}.errors"}) + list(CLIENT_LIBRARIES)
     return "\n".join([
         "[importlinter]\n" + _lines("root_packages", (PACKAGE,)) + "include_external_packages = True\n"
-        "contracts =\n    layers\n    contracts-do-no-io\n    one-place-for-kafka\n",
+        "contracts =\n    layers\n    contracts-do-no-io\n    one-place-for-kafka\n    settings-end-in-cli\n",
         "[importlinter:contract:layers]\nname = Layers: cli -> demo -> (sim | learn | observe | replay | local_kafka) -> "
         "stages -> kafka -> "
         "config -> policy -> wire -> model -> errors\ntype = layers\n" + _lines("layers", layer_lines),
@@ -116,6 +117,11 @@ def config_text() -> str:
         "aiokafka, faust\n"
         "type = forbidden\nallow_indirect_imports = True\n" + _lines("source_modules", client_users())
         + _lines("forbidden_modules", CLIENT_LIBRARIES),
+        "[importlinter:contract:settings-end-in-cli]\n"
+        "name = Settings end in the CLI: the stages take plain values and never import rollout_bus.config\n"
+        "type = forbidden\nallow_indirect_imports = True\n"
+        + _lines("source_modules", (f"{PACKAGE}.{stage}" for stage in STAGES))
+        + _lines("forbidden_modules", (f"{PACKAGE}.config",)),
     ])
 
 

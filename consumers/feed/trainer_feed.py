@@ -11,9 +11,9 @@ Contract:
   group and commits nothing, so any number of feeds (every rank, a shadow run, an evaluator) read
   the same batches independently. ``kafka`` are further connection settings (SASL/SSL).
 * Iterating (or ``next_batch()``) yields ``TrainBatch``es in seq order from ``start`` (None: the
-  lowest seq the topic holds). A seq the writer skipped (``records.BatchSkipped``: an empty or a
+  lowest seq the topic holds). A seq the writer skipped (``control_records.BatchSkipped``: an empty or a
   dead-lettered batch) is passed over; a duplicate announcement is ignored. Iteration ends at the
-  run's end (``records.BatchesEnded``: every seq below its ``next_seq`` is announced or skipped;
+  run's end (``control_records.BatchesEnded``: every seq below its ``next_seq`` is announced or skipped;
   a feed positioned exactly at a run's end, as after a checkpoint of its last batch, ends at
   once); iterating again follows the next run on the topic.
   Waiting longer than ``timeout_s`` for the next batch raises ``FeedTimeoutError`` naming the
@@ -47,7 +47,9 @@ from typing import Any
 from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError, must_be
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.consumers.feed.weights import WeightPublisher
-from rollout_bus.wire.records import BatchesEnded, BatchSkipped, ShardAnnouncement, WeightVersion, parse_announcement
+from rollout_bus.wire.control_records import BatchesEnded, BatchSkipped
+from rollout_bus.wire.shard_announcement import ShardAnnouncement, parse_announcement
+from rollout_bus.wire.weight_version import WeightVersion
 from rollout_bus.wire.headers import CONTROL_BATCH_SKIPPED, CONTROL_END_OF_RUN, control_kind
 from rollout_bus.model.shards import ShardSample, ShardView, load_shard, verify_shard
 from rollout_bus.wire.topics import Topics

@@ -15,7 +15,7 @@ Contract:
 * ``next_batches(feeds)``: the next batch of every rank (one seq; ranks that disagree are a
   ``ContractError``), or None at the run's end. ``TrainerFlow(feeds, conn, topics)`` does the same
   (``next_batches``) and times it: ``stepped()`` after each step and ``finish()`` at the run's end report
-  the time waited for batches on rollout.metrics (``model.flow_metrics.trainer_flow``; source
+  the time waited for batches on rollout.metrics (``wire.flow_metrics.trainer_flow``; source
   ``trainer_source(feeds)``: ``trainer``, or ``trainer-ranks-0-1`` for a process that trains only some ranks).
 * ``reconcile_training(written_seqs, rows, ranks)``: every written seq trained exactly once per
   rank, in seq order, nothing else. ``staleness_problems(manifests, max_staleness)``: the closed
@@ -39,7 +39,7 @@ from rollout_bus.errors import ConfigError, ContractError, must_be
 from rollout_bus.consumers.feed.trainer_feed import ShardFeed, TrainBatch
 from rollout_bus.kafka.flow_reporter import FlowReporter
 from rollout_bus.model.files import write_atomic
-from rollout_bus.model.flow_metrics import trainer_flow
+from rollout_bus.wire.flow_metrics import STAGE_TRAINER, trainer_flow
 from rollout_bus.wire.topics import Topics
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -129,7 +129,7 @@ class TrainerFlow:
 
     def __init__(self, feeds: Mapping[int, ShardFeed], conn: Mapping[str, Any], topics: Topics) -> None:
         self.feeds = feeds
-        self.reporter = FlowReporter(conn, topics, "trainer", trainer_source(feeds))
+        self.reporter = FlowReporter(conn, topics, STAGE_TRAINER, trainer_source(feeds))
         self.waited_s = 0.0
         self.steps = 0
 

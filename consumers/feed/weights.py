@@ -5,8 +5,8 @@ generators read it to stamp their turns and to hold back work that would be too 
 
 Contract:
 
-* ``WeightPublisher(conn, topics)``: ``publish(version, step, uri=, sha256=, size=)`` sends a ``records.WeightVersion``
-  (with the checkpoint's place, digest and size when the trainer ships its weights)
+* ``WeightPublisher(conn, topics)``: ``publish(version, step, uri=, sha256=, size=)`` sends a
+  ``weight_version.WeightVersion`` (with the checkpoint's place, digest and size when the trainer ships its weights)
   (key ``WEIGHTS_KEY``, acks=all) and returns once the broker has it. A version below the last
   one this publisher sent is a ``ConfigError`` (versions only grow).
 * ``WeightWatcher(conn, topics, initial=0)`` reads rollout.weights group-less from its beginning
@@ -31,7 +31,7 @@ from rollout_bus.errors import ConfigError, ContractError, FeedTimeoutError, Sto
 from rollout_bus.kafka.clients import new_producer
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.kafka.refusals import refusals_named
-from rollout_bus.wire.records import WEIGHTS_KEY, WeightVersion
+from rollout_bus.wire.weight_version import WEIGHTS_KEY, WeightVersion
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)

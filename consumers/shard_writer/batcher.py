@@ -15,8 +15,10 @@ Contract:
   abandoned record, that arrives after its range was formed is therefore late, the one way
   arrival order can matter. A member whose ``group_size`` disagrees with its group's, or that
   would overfill a complete group, is rejected too. The result says which, with a reason.
+* ``Batcher(run)`` batches by ``run`` (``rollout_bus.wire.run_record.RunBatching``: the mode, G =
+  ``groups_per_batch``, and the step rule ``run.batch_of(group_index)``, checked when ``run`` was built).
 * ``ready()`` pops the batches that are due. ``step``: batch ``k`` holds the groups whose
-  group_index lies in ``[k*G, (k+1)*G)``, across adapters; it is due when every index of the range
+  group_index lies in ``[k*G, (k+1)*G)`` (``run.batch_of``), across adapters; it is due when every index of the range
   has a group and every group of the range is complete, so its contents are a function of the
   log alone (group indices are assumed global across adapters; were the same index used by
   two adapters, a group that has not started when the range is due would be rejected as late).
@@ -27,7 +29,7 @@ Contract:
 * What a batch holds (``Batch``, ``GroupSummary``) and the staleness split of one (``split_stale``)
   are ``rollout_bus.consumers.shard_writer.batch``. A batch with no episode is not written: the
   caller logs it and calls ``done``; its seq is simply absent from the output (step seqs stay
-  ``group_index // G``). Stale episodes stay members: ``done`` releases their offsets too.
+  ``run.batch_of(group_index)``). Stale episodes stay members: ``done`` releases their offsets too.
 * Inside a batch, members are ordered by (adapter slot, -1 for none first; adapter name;
   group_index; rollout kind and id; record key) and episodes keep their segment order.
 * ``done(batch)`` marks a batch written, dead-lettered or skipped (empty): its offsets are
@@ -59,7 +61,7 @@ from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, Episod
 from rollout_bus.consumers.shard_writer.offset_tracker import OffsetTracker
 from rollout_bus.errors import ConfigError, must_be
 from rollout_bus.wire.dead_letter import DlqKind
-from rollout_bus.wire.run_record import BATCHING_MODES
+from rollout_bus.wire.run_record import RunBatching
 
 __all__ = ["AddResult", "Batcher", "Outcome", "WrittenLookup"]
 
@@ -121,16 +123,13 @@ def _group_order(group: GroupKey) -> tuple[int, str, int]:
 class Batcher:
     """Gathers members into groups and groups into batches; see the module docstring."""
 
-    def __init__(self, groups_per_batch: int, batching: str = "step", *, first_seq: int = 0,
-                 written_memory: int = DEFAULT_WRITTEN_MEMORY, lookup: WrittenLookup | None = None) -> None:
-        if isinstance(groups_per_batch, bool) or not isinstance(groups_per_batch, int) or groups_per_batch < 1:
-            raise ConfigError(must_be("groups_per_batch", "an integer >= 1", groups_per_batch))
-        if batching not in BATCHING_MODES:
-            raise ConfigError(must_be("batching", f"one of {', '.join(BATCHING_MODES)}", batching))
+    def __init__(self, run: RunBatching, *, first_seq: int = 0, written_memory: int = DEFAULT_WRITTEN_MEMORY,
+                 lookup: WrittenLookup | None = None) -> None:
         if isinstance(written_memory, bool) or not isinstance(written_memory, int) or written_memory < 1:
             raise ConfigError(must_be("written_memory", "an integer >= 1", written_memory))
-        self.groups_per_batch = groups_per_batch
-        self.batching = batching
+        self.run = run  # checked when built: its groups_per_batch, its mode, its rule (``batch_of``)
+        self.groups_per_batch = run.groups_per_batch
+        self.batching = run.batching
         self.written_memory = written_memory
         self.offsets = OffsetTracker()
         self.counts: Counter[str] = Counter()
@@ -209,7 +208,7 @@ class Batcher:
 
     def _closed_seq(self, group: GroupKey) -> int | None:
         if self.batching == "step":
-            k = group[1] // self.groups_per_batch
+            k = self.run.batch_of(group[1])
             return k if k in self._closed_ranges else None
         return self._closed_groups.get(group)
 
@@ -250,12 +249,12 @@ class Batcher:
         if group is None:
             group = self._groups[m.group] = _Group(m.group_size)
             if self.batching == "step":
-                self._ranges.setdefault(m.group[1] // self.groups_per_batch, set()).add(m.group)
+                self._ranges.setdefault(self.run.batch_of(m.group[1]), set()).add(m.group)
         group.members[m.key] = m
         self._pending[m.key] = m
         self.offsets.hold(m.partition, m.offset)
         if self.batching == "step":
-            self._touched.add(m.group[1] // self.groups_per_batch)
+            self._touched.add(self.run.batch_of(m.group[1]))
         elif group.complete:
             self._completed.append(m.group)
         return AddResult(Outcome.ACCEPTED)

@@ -1,6 +1,6 @@
 """The batch decision, one for the shard writer and replay: write a due batch, skip it as empty, or dead-letter it.
 
-Why one: replay (``rollout_bus.replay.rerun``) rebuilds batches to compare them byte for byte with the
+Why one: replay (``rollout_bus.replay.rebuild``) rebuilds batches to compare them byte for byte with the
 writer's, so both must reach the same decision from the same batch; written twice, the two copies drift.
 
 Contract:
@@ -21,7 +21,7 @@ Contract:
 * ``Decision.dead_letters()``: what goes to the DLQ, in order: each stale episode (kind ``stale``,
   ``StaleEpisode.reason``), then for ``DEAD_LETTER`` each episode of the batch (kind ``mask-check``
   or ``convert``, the error and the episode's batch positions). ``Decision.why`` is the reason a
-  skipped batch gives on rollout.shards (``records.BatchSkipped``, whose ``why`` is the verdict).
+  skipped batch gives on rollout.shards (``control_records.BatchSkipped``, whose ``why`` is the verdict).
 * ``write_decided(out_dir, decision, topic=)`` writes a ``WRITE`` decision's shards and manifest
   (``out_dir.write_batch``: the manifest records the settings it was decided with) and returns the
   manifest. Whoever calls it sends, logs and counts; the decision itself is a function of the batch
@@ -43,7 +43,7 @@ from rollout_bus.wire.dead_letter import DlqKind
 
 
 class Verdict(StrEnum):
-    """What becomes of a due batch (the two skips spelt as ``records.BatchSkipped.why``)."""
+    """What becomes of a due batch (the two skips spelt as ``control_records.BatchSkipped.why``)."""
 
     WRITE = "write"
     EMPTY = "empty"

@@ -5,12 +5,12 @@ Contract:
 * ``parse_record(key, value, headers, partition=, offset=)`` turns one rollout.episodes record
   into exactly one of:
 
-  - ``Episode``: a data record (no ``control`` header), decoded with ``records.decode_episode``;
+  - ``Episode``: a data record (no ``control`` header), decoded with ``episode_record.decode_episode``;
     its segments must agree on adapter and group_index.
-  - ``AbandonedEpisode``: an ``abandoned`` control record (``records.Abandoned``): an episode
+  - ``AbandonedEpisode``: an ``abandoned`` control record (``control_records.Abandoned``): an episode
     that will never arrive. Its group (adapter, group_index) comes from the record key
-    (``records.parse_rollout_key``), attempt and group_size from the value.
-  - ``EndOfRunMarker``: an ``end-of-run`` control record (``records.EndOfRun``) as the stream
+    (``rollout_key.parse_rollout_key``), attempt and group_size from the value.
+  - ``EndOfRunMarker``: an ``end-of-run`` control record (``control_records.EndOfRun``) as the stream
     stage forwards it, i.e. with ``turns_partition`` and ``turns_partitions`` set.
 
   Anything else raises ``ContractError`` (``CodecError`` included) saying what is wrong; the
@@ -28,7 +28,8 @@ from typing import Any, Union
 
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.model.sample import get_rollout_key
-from rollout_bus.wire.records import Abandoned, EndOfRun, EpisodeInfo, decode_episode
+from rollout_bus.wire.control_records import Abandoned, EndOfRun
+from rollout_bus.wire.episode_record import EpisodeInfo, decode_episode
 from rollout_bus.wire.headers import CONTROL_ABANDONED, CONTROL_END_OF_RUN, control_kind
 from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample

@@ -5,8 +5,8 @@ Why: a run can be healthy by every count and still waste its fleet: samples that
 train are off-policy, and tokens that never train are compute spent for nothing. Only the writer sees a
 batch's whole fate (what it writes, what its staleness net drops, which samples are removed).
 
-Contract: ``batch_flow(decision, now_ms)`` returns keys without the ``rollout/`` prefix (``records.prefixed``
-adds it), all floats:
+Contract: ``batch_flow(decision, now_ms)`` returns keys without the ``rollout/`` prefix (``metrics_records.prefixed``
+adds it), all floats; the names are ``rollout_bus.wire.flow_metrics``' (their one home):
 
 * ``flow/sample_age_s/{p50,p99,max}``: per written episode, ``now_ms`` minus its final turn's ``sent_at``
   (the episode record's header: the generator's clock when it sent that turn), in seconds; numpy's
@@ -31,9 +31,10 @@ import numpy as np
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.consumers.shard_writer.decide import Decision
 from rollout_bus.consumers.shard_writer.episodes import Episode
+from rollout_bus.wire.flow_metrics import (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, DISCARD_CAUSES, RESPONSE_TOKENS,
+                                           SAMPLE_AGE_MAX, SAMPLE_AGE_P50, SAMPLE_AGE_P99, discarded_token_fraction,
+                                           discarded_tokens)
 from rollout_bus.wire.headers import HEADER_SENT_AT
-
-CAUSES = ("aborted", "removed", "stale")
 
 
 def episode_sent_at_ms(episode: Episode) -> int:
@@ -58,20 +59,19 @@ def batch_flow(decision: Decision, now_ms: int) -> dict[str, float]:
     ages = [(now_ms - sent) / 1000.0 for sent in map(episode_sent_at_ms, batch.episodes) if sent > 0]
     if ages:
         p50, p99 = np.percentile(np.asarray(ages, dtype=np.float64), [50, 99])
-        found |= {"flow/sample_age_s/p50": float(p50), "flow/sample_age_s/p99": float(p99),
-                  "flow/sample_age_s/max": float(max(ages))}
+        found |= {SAMPLE_AGE_P50: float(p50), SAMPLE_AGE_P99: float(p99), SAMPLE_AGE_MAX: float(max(ages))}
     written = batch.samples()
     discarded = {
-        "aborted": _tokens(s for s in written if s.remove_sample and s.status is Status.ABORTED),
-        "removed": _tokens(s for s in written if s.remove_sample and s.status is not Status.ABORTED),
-        "stale": _tokens(segment for stale in batch.stale for segment in stale.episode.segments),
+        CAUSE_ABORTED: _tokens(s for s in written if s.remove_sample and s.status is Status.ABORTED),
+        CAUSE_REMOVED: _tokens(s for s in written if s.remove_sample and s.status is not Status.ABORTED),
+        CAUSE_STALE: _tokens(segment for stale in batch.stale for segment in stale.episode.segments),
     }
-    total = _tokens(written) + discarded["stale"]
-    found["flow/response_tokens"] = float(total)
-    for cause in CAUSES:
-        found[f"flow/discarded_tokens/{cause}"] = float(discarded[cause])
+    total = _tokens(written) + discarded[CAUSE_STALE]
+    found[RESPONSE_TOKENS] = float(total)
+    for cause in DISCARD_CAUSES:
+        found[discarded_tokens(cause)] = float(discarded[cause])
         if total:
-            found[f"flow/discarded_token_fraction/{cause}"] = discarded[cause] / total
+            found[discarded_token_fraction(cause)] = discarded[cause] / total
     if total:
-        found["flow/discarded_token_fraction"] = sum(discarded.values()) / total
+        found[discarded_token_fraction()] = sum(discarded.values()) / total
     return found

@@ -1,7 +1,8 @@
 """What the shard writer is told (``WriterOptions``, plain values from the CLI) and what it did (``WriterStats``).
 
-Plain data, apart from the loop (``rollout_bus.consumers.shard_writer.writer``): the CLI builds the options, and
-start-up recovery and the dead letters count into a ``WriterStats`` as the loop does.
+Plain data, apart from the loop (``rollout_bus.consumers.shard_writer.writer``): the CLI builds the options (each
+field from the shard writer's setting of the same name, ``cli.options.plain_values``; never ``rollout_bus.config``
+here), and start-up recovery and the dead letters count into a ``WriterStats`` as the loop does.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout_bus.consumers.shard_writer.batcher import DEFAULT_WRITTEN_MEMORY
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES
 
 DEFAULT_IDLE_S = 10.0
@@ -48,8 +50,7 @@ class WriterOptions:
 
     out_dir: Path
     dp_size: int
-    groups_per_batch: int
-    batching: str = "step"
+    run_batching: RunBatching  # its mode and G; its max_staleness is the staleness net (step batching only)
     group_id: str = "rollout-bus-shards"
     normalization: str = "grpo"
     exit_when_idle: bool = False
@@ -58,4 +59,3 @@ class WriterOptions:
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     written_memory: int = DEFAULT_WRITTEN_MEMORY
     idle_s: float = DEFAULT_IDLE_S
-    max_staleness: int | None = None  # the staleness net (step batching only); None: no net

@@ -47,7 +47,7 @@ from rollout_bus.consumers.shard_writer.episodes import GroupKey
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import AdapterRef
 from rollout_bus.model.metrics import compute_metrics_from_samples, compute_staleness_metrics
-from rollout_bus.wire.records import ShardAnnouncement, announcement_value, parse_announcement
+from rollout_bus.wire.shard_announcement import ShardAnnouncement, announcement_value, parse_announcement
 from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
 from rollout_bus.model.shards import MANIFEST_NAME, batch_path, read_manifest, verify_batch, write_batch_shards
 
@@ -173,7 +173,7 @@ def manifest_place(batch_dir: Path) -> str:
 
 
 def announcement(manifest: dict[str, Any], batch_dir: Path) -> bytes:
-    """The rollout.shards value for one batch (``records.announcement_value``): its place relative to the
+    """The rollout.shards value for one batch (``shard_announcement.announcement_value``): its place relative to the
     output root, and the writer's absolute root as a hint."""
     batch_dir = Path(batch_dir).resolve()
     sha = hashlib.sha256((batch_dir / MANIFEST_NAME).read_bytes()).hexdigest()

@@ -22,7 +22,7 @@ Contract:
   ``as_json()`` is its manifest entry (``extra.stale``): key, attempt, partition, offset,
   segments, oldest_version, reason.
 * Step batching only. In arrival batching a batch's seq is not the step the generator's bound
-  was checked against (the bound uses ``group_index // groups_per_batch``; an arrival batch takes
+  was checked against (the bound uses ``RunBatching.batch_of(group_index)``; an arrival batch takes
   whichever groups complete first, in read order), so there is no step identity to judge an
   episode by, and the decision would not follow from the log alone. The writer applies no net
   there (it logs that ``max_staleness`` is ignored).

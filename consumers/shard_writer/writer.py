@@ -33,12 +33,13 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
   manifest (``out_dir.announcement``) to rollout.shards,
   key the batch seq, confirmed (acks=all). Only then are offsets committed: per partition, the
   first offset of a record not yet in a written, dead-lettered or skipped batch (or flush). The
-  batches due at one turn of the loop are said together (``_write_all``): their files first, then
-  every metrics record in one confirmed round trip, every announcement or skip in seq order in a
-  second, one commit: three round trips per turn of the loop, not three per batch.
+  batches due at one turn of the loop are said together (``_write_all``, then
+  ``rollout_bus.consumers.shard_writer.announce``): their files first, then every metrics record in
+  one confirmed round trip, every announcement or skip in seq order in a second, one commit: three
+  round trips per turn of the loop, not three per batch.
 * A seq that will never be written (an empty or a dead-lettered batch) is said so on
-  rollout.shards (``records.BatchSkipped``, key the seq), and once a run's last batch is written a
-  ``records.BatchesEnded`` (every seq below its ``next_seq`` announced or skipped) follows, so a
+  rollout.shards (``control_records.BatchSkipped``, key the seq), and once a run's last batch is written a
+  ``control_records.BatchesEnded`` (every seq below its ``next_seq`` announced or skipped) follows, so a
   trainer following the batches in order never waits for one that cannot come.
 * Every send is confirmed before offsets are committed past it (``rollout_bus.consumers.shard_writer.delivery``): a send
   that failed is sent again, so a manifest may appear twice on rollout.shards (readers dedupe by
@@ -50,7 +51,7 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
   are never skipped in silence: at start-up the group's committed offset (0 if none) is compared with
   where the consumer lands, and while reading each record's offset with the one expected next; offsets
   below the partition's log start in between go to the DLQ as one ``lost`` letter per range, with an
-  ERROR line, counted in ``WriterStats.records_lost``.
+  ERROR line, counted in ``WriterStats.records_lost`` (``rollout_bus.consumers.shard_writer.episodes_reader``).
 * Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
   end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
   flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
@@ -80,29 +81,29 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rollout_bus.consumers.shard_writer.batcher import Batcher, Outcome
 from rollout_bus.consumers.shard_writer.batch import Batch
 from rollout_bus.consumers.shard_writer.dead_letters import DeadLetters
+from rollout_bus.consumers.shard_writer.announce import Said, say
 from rollout_bus.consumers.shard_writer.delivery import Outbox, Outgoing
 from rollout_bus.consumers.shard_writer.end_of_run import EndOfRunTracker
+from rollout_bus.consumers.shard_writer.episodes_reader import EpisodesReader
 from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
 from rollout_bus.consumers.shard_writer.decide import Decision, Verdict, decide, write_decided
 from rollout_bus.consumers.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.consumers.shard_writer.flow import batch_flow
-from rollout_bus.consumers.shard_writer.out_dir import announcement, manifest_place, written_keys
+from rollout_bus.consumers.shard_writer.out_dir import written_keys
 from rollout_bus.consumers.shard_writer.recovery import announced_on, recover
 from rollout_bus.consumers.shard_writer.writer_lock import hold_writer_lock
 from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DlqKind
-from rollout_bus.errors import ContractError, DiskFullError, PartitionsChangedError
-from rollout_bus.kafka.clients import (KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition, new_consumer,
-                                       new_producer, wait_for_partitions)
+from rollout_bus.errors import ContractError, DiskFullError
+from rollout_bus.kafka.clients import KafkaProducer, new_producer
 from rollout_bus.kafka.limits import producer_config
 from rollout_bus.kafka.retry import Stopped, retrying
-from rollout_bus.wire.records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped, batch_metrics_record
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
 from rollout_bus.model.files import wait_for_disk
@@ -113,8 +114,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["ShardWriter"]
 
 T = TypeVar("T")
-POLL_TIMEOUT_MS = 200
-OFFSETS_TIMEOUT_MS = 10_000
 # The producer keeps retrying a record inside kafka-python for this long before its future fails
 # (then the writer sends it again); sends block at most MAX_BLOCK_MS per try, so waits are logged.
 DELIVERY_TIMEOUT_MS = 3_600_000
@@ -122,17 +121,6 @@ MAX_BLOCK_MS = 10_000
 CLOSE_TIMEOUT_S = 10.0
 LAG_INTERVAL_S = 5.0
 LOOKUP_CACHE = 16
-
-
-@dataclass(frozen=True)
-class _Said:
-    """What rollout.metrics and rollout.shards are told of one decided batch: written (seq, manifest, its
-    directory) with its flow metrics (``rollout_bus.consumers.shard_writer.flow``; none for a batch found on disk), or
-    skipped (a seq that will never be written)."""
-
-    written: tuple[int, dict[str, Any], Path] | None = None
-    skipped: BatchSkipped | None = None
-    flow: dict[str, float] | None = None
 
 
 class ShardWriter:
@@ -146,21 +134,20 @@ class ShardWriter:
         self.stats = WriterStats()
         self._on_progress = on_progress or (lambda stats: None)
         lookup = functools.lru_cache(maxsize=LOOKUP_CACHE)(functools.partial(written_keys, options.out_dir))
-        self._batcher = Batcher(options.groups_per_batch, options.batching, written_memory=options.written_memory,
-                                lookup=lookup)
+        self._batcher = Batcher(options.run_batching, written_memory=options.written_memory, lookup=lookup)
         self._committed: dict[int, int] = {}
-        self._expected: dict[int, int] = {}  # the next offset each partition should hand over (a jump: lost?)
         self._stop = False
         self._run_over = False
         self._tracker = EndOfRunTracker(())
         self._producer: KafkaProducer | None = None
         self._outbox: Outbox | None = None
         self._letters: DeadLetters | None = None
-        self._consumer: KafkaConsumer | None = None
-        self._max_staleness = options.max_staleness if options.batching == "step" else None
-        if options.max_staleness is not None and options.batching != "step":
+        self._reader: EpisodesReader | None = None
+        run = options.run_batching
+        self._max_staleness = run.max_staleness if run.batching == "step" else None
+        if run.max_staleness is not None and run.batching != "step":
             logger.warning("max_staleness=%d ignored: arrival batching has no step identity to judge staleness by",
-                           options.max_staleness)
+                           run.max_staleness)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,13 +171,13 @@ class ShardWriter:
                 self._outbox = Outbox(self._producer, should_stop=lambda: self._stop)
                 self._letters = DeadLetters(self._outbox, self.topics, self.stats)
                 self._resume_from_disk()
-                self._consumer = self._open_consumer()
+                self._reader = self._open_reader()
                 self._loop()
             except Stopped as exc:
                 logger.info("stopping: %s", exc)
             finally:
-                if self._consumer is not None:
-                    self._consumer.close(autocommit=False)
+                if self._reader is not None:
+                    self._reader.close()
                 if self._producer is not None:
                     self._producer.close(timeout=CLOSE_TIMEOUT_S)
         return self.stats
@@ -205,47 +192,19 @@ class ShardWriter:
                             max_in_flight_requests_per_connection=1, linger_ms=5,
                             delivery_timeout_ms=DELIVERY_TIMEOUT_MS, max_block_ms=MAX_BLOCK_MS, **sizes)
 
+    def _open_reader(self) -> EpisodesReader:
+        """rollout.episodes assigned and positioned (``rollout_bus.consumers.shard_writer.episodes_reader``)."""
+        reader = EpisodesReader.open(self.client_kwargs, self.topics.episodes, group_id=self.options.group_id,
+                                     max_record_bytes=self.options.max_record_bytes, retry=self._retry,
+                                     letters=self._letters)
+        self._tracker = EndOfRunTracker(reader.partitions)
+        return reader
+
     def _resume_from_disk(self) -> None:
         """Start-up recovery (``rollout_bus.consumers.shard_writer.recovery``), before the loop reads a record."""
         recover(self.options.out_dir, self._batcher, counts=self.stats, announce=self._announce,
                 read_announced=lambda: announced_on(self.client_kwargs, self.topics.shards, self._retry),
                 topic=self.topics.episodes)
-
-    def _partitions(self, consumer: KafkaConsumer, topic: str) -> list[TopicPartition]:
-        def found() -> list[TopicPartition]:  # MissingTopicError is Unavailable: retried
-            return [TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic, timeout_s=1.0)]
-        return self._retry(found, f"the partitions of {topic}")
-
-    def _open_consumer(self) -> KafkaConsumer:
-        consumer = self._retry(lambda: new_consumer(self.client_kwargs, max_record_bytes=self.options.max_record_bytes,
-                                                    group_id=self.options.group_id, auto_offset_reset="earliest",
-                                                    max_poll_records=500), "connect the consumer")
-        partitions = self._partitions(consumer, self.topics.episodes)
-        consumer.assign(partitions)
-        self._tracker = EndOfRunTracker(tp.partition for tp in partitions)
-        for tp in partitions:  # resolves committed offsets (or earliest) before the idle clock starts
-            committed = self._retry(lambda: consumer.committed(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
-                                    f"the committed offset of {tp.topic}:{tp.partition}")
-            position = self._retry(lambda: consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
-                                   f"the position on {tp.topic}:{tp.partition}")
-            logger.info("reading topic=%s partition=%d offset=%d", tp.topic, tp.partition, position)
-            # the group's own record of where it was (0: it never read the topic); the consumer resets a
-            # position the log no longer holds to the log start without a word
-            self._expected[tp.partition] = committed if committed is not None else 0
-            self._check_lost(consumer, tp, position)
-        return consumer
-
-    def _check_lost(self, consumer: KafkaConsumer, tp: TopicPartition, reached: int) -> None:
-        """Offsets from the expected one up to ``reached`` that the log no longer holds are lost: said
-        once, dead-lettered as ``lost`` (a jump for any other reason, a transaction marker, is not)."""
-        expected = self._expected.get(tp.partition)
-        if expected is None or reached <= expected:
-            return
-        log_start = self._retry(lambda: consumer.beginning_offsets([tp], timeout_ms=OFFSETS_TIMEOUT_MS)[tp],
-                                f"the log start of {tp.topic}:{tp.partition}")
-        if log_start > expected:
-            self._letters.lost(tp.partition, expected, min(log_start, reached) - expected, log_start)
-        self._expected[tp.partition] = reached
 
     # ------------------------------------------------------------------ the loop
 
@@ -253,7 +212,7 @@ class ShardWriter:
         opts = self.options
         last_record = last_lag = time.monotonic()
         while not self._stop:
-            polled = self._retry(lambda: self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS), "poll rollout.episodes")
+            polled = self._reader.poll()
             for records in polled.values():
                 for record in records:
                     self._take(record)
@@ -264,8 +223,8 @@ class ShardWriter:
             self._checkpoint()
             self.stats.pending = self._batcher.pending_episodes
             if now - last_lag >= LAG_INTERVAL_S:
-                self.stats.lag, last_lag = self._lag(), now
-                self._check_partitions()
+                self.stats.lag, last_lag = self._reader.lag(), now
+                self._reader.check_partitions()
             self._on_progress(self.stats)
             if self._reached_max():
                 logger.info("wrote max_batches=%d: stopping", opts.max_batches)
@@ -279,35 +238,14 @@ class ShardWriter:
                                    self._batcher.pending_episodes)
                 return
 
-    def _lag(self) -> int:
-        """Records on rollout.episodes not read yet (for the progress line and ``exit_when_idle``)."""
-        partitions = list(self._consumer.assignment())
-        ends = self._retry(lambda: self._consumer.end_offsets(partitions, timeout_ms=OFFSETS_TIMEOUT_MS),
-                           "the end offsets of rollout.episodes")
-        return sum(max(0, end - self._retry(lambda: self._consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS),
-                                            "the position on rollout.episodes")) for tp, end in ends.items())
-
-    def _check_partitions(self) -> None:
-        """rollout.episodes raised under the writer: its new partitions would never be read, so stop (the
-        caller exits 75 and a supervisor restarts the writer, which assigns them all; what it wrote and committed
-        stays, the new partitions are read from their start)."""
-        self._retry(self._consumer.topics, "the metadata of the cluster")  # always a fresh metadata request
-        now = len(self._consumer.partitions_for_topic(self.topics.episodes) or ())
-        assigned = len(self._consumer.assignment())
-        if now > assigned:
-            raise PartitionsChangedError(f"topic={self.topics.episodes} now has {now} partitions, this writer reads "
-                                         f"{assigned}: records on the new partitions would never be read; exiting "
-                                         f"to be restarted with the new count")
-
     def _caught_up(self) -> bool:
-        self.stats.lag = self._lag()
+        self.stats.lag = self._reader.lag()
         return self.stats.lag == 0
 
     def _take(self, record: Any) -> None:
         """One rollout.episodes record into the batcher, the end-of-run tracker, or the DLQ."""
         self.stats.records += 1
-        self._check_lost(self._consumer, TopicPartition(record.topic, record.partition), record.offset)
-        self._expected[record.partition] = record.offset + 1
+        self._reader.took(record)
         try:
             item = parse_record(record.key, record.value, record.headers, partition=record.partition,
                                 offset=record.offset)
@@ -373,42 +311,42 @@ class ShardWriter:
         ``max_batches`` the rest stay uncommitted for the next run."""
         if not batches:  # the loop asks at every turn: nothing due, nothing to say (the loop commits itself)
             return
-        said: list[_Said] = []
+        said: list[Said] = []
         for batch in batches:
             if self._reached_max():
                 break
             said.append(self._write(batch))
-        self._say(said)
+        say(self._outbox, self.topics, said)
         self._checkpoint()
 
     def _reached_max(self) -> bool:
         return self.options.max_batches is not None and self.stats.batches_written >= self.options.max_batches
 
-    def _write(self, batch: Batch) -> _Said:
+    def _write(self, batch: Batch) -> Said:
         """Decide one batch (``rollout_bus.consumers.shard_writer.decide``): dead letters first, then skip it or write
-        its files; what rollout.metrics and rollout.shards are to be told of it is returned (``_say``)."""
+        its files; what rollout.metrics and rollout.shards are to be told of it is returned (``announce.say``)."""
         decision = decide(batch, dp_size=self.options.dp_size, normalization=self.options.normalization,
-                          batching=self.options.batching, max_staleness=self._max_staleness)
+                          batching=self.options.run_batching.batching, max_staleness=self._max_staleness)
         batch = decision.batch
         self._send_dead_letters(decision)
         if decision.verdict is Verdict.DEAD_LETTER:
             self._batcher.done(batch)
             self.stats.batches_dead_lettered += 1
-            return _Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why[:MAX_REASON_CHARS]))
+            return Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why[:MAX_REASON_CHARS]))
         if decision.verdict is Verdict.EMPTY:
             logger.info("batch=%d not written: every episode of it was %s (abandoned=%d, stale=%d, groups=%d)",
                         batch.seq, decision.emptied_by, len(batch.abandoned), len(batch.stale), len(batch.groups))
             self._batcher.done(batch)
             self.stats.batches_skipped += 1
-            return _Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why))
+            return Said(skipped=BatchSkipped(batch.seq, decision.verdict.value, decision.why))
         directory = batch_path(self.options.out_dir, batch.seq)
         manifest = wait_for_disk(lambda: self._write_files(decision), f"batch {batch.seq} -> {directory}",
                                  should_stop=lambda: self._stop)
-        self._batcher.done(batch)  # committed only after _say has confirmed what it sends of the batch
+        self._batcher.done(batch)  # committed only after say has confirmed what it sends of the batch
         self.stats.batches_written += 1
         self.stats.last_batch = batch.seq
         self.stats.written_dirs.append(str(directory))
-        return _Said(written=(batch.seq, manifest, directory), flow=batch_flow(decision, time.time_ns() // 1_000_000))
+        return Said(written=(batch.seq, manifest, directory), flow=batch_flow(decision, time.time_ns() // 1_000_000))
 
     def _write_files(self, decision: Decision) -> dict[str, Any]:
         try:
@@ -426,29 +364,7 @@ class ShardWriter:
 
     def _announce(self, seq: int, manifest: dict[str, Any], directory: Path) -> None:
         """One batch found on disk but never announced (start-up recovery): said as ``_write_all`` says it."""
-        self._say([_Said(written=(seq, manifest, directory))])
-
-    def _say(self, said: list[_Said]) -> None:
-        """Every written batch's metrics record, confirmed; then, in seq order, each batch's announcement or
-        skip, confirmed: an announcement on rollout.shards implies its batch metrics (WIRE.md 6.2)."""
-        for item in said:
-            if item.written is not None:
-                seq, manifest, directory = item.written
-                value = batch_metrics_record(seq, manifest["metrics"] | (item.flow or {}),
-                                             samples=int(manifest["num_samples"]),
-                                             manifest_path=manifest_place(Path(directory)))
-                self._outbox.send(Outgoing(self.topics.metrics, str(seq).encode(), value, [], f"batch {seq} metrics"))
-        self._outbox.confirm()
-        for item in said:
-            if item.written is not None:
-                seq, manifest, directory = item.written
-                self._outbox.send(Outgoing(self.topics.shards, str(seq).encode(),
-                                           announcement(manifest, Path(directory)), [], f"batch {seq} manifest"))
-            elif item.skipped is not None:
-                skipped = item.skipped
-                self._outbox.send(Outgoing(self.topics.shards, skipped.key(), skipped.value(), skipped.headers(),
-                                           f"batch {skipped.seq} skipped"))
-        self._outbox.confirm()
+        say(self._outbox, self.topics, [Said(written=(seq, manifest, directory))])
 
     def _checkpoint(self) -> None:
         """Commit what may be committed; every send is confirmed first, so no dead letter is lost."""
@@ -457,7 +373,6 @@ class ShardWriter:
         if not changed:
             return
         self._outbox.confirm()
-        offsets = {TopicPartition(self.topics.episodes, p): OffsetAndMetadata(o, "", -1) for p, o in changed.items()}
-        self._retry(lambda: self._consumer.commit(offsets), "commit offsets")
+        self._reader.commit(changed)
         self._committed.update(changed)
         logger.debug("committed %s", changed)

@@ -33,7 +33,7 @@ def demo(
                                                     help="Episodes per prompt group (default 4, with --learn 8)."),
     groups_per_batch: int | None = options.GROUPS_PER_BATCH,
     batching: str | None = options.BATCHING,
-    dp_size: int = typer.Option(2, "--dp-size", min=1, help="Data-parallel ranks: one shard each per batch."),
+    dp_size: int = options.DP_SIZE,
     out: Path | None = typer.Option(None, "--out", help="Where shards and logs go (default: demo-out/<run id>)."),
     inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send bad records, to show the DLQ."),
     timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
@@ -61,27 +61,42 @@ def demo(
     every written batch exactly once per rank, in seq order.
     """
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
-    if learn:  # the loop must be closed for the policy to see its own updates
-        train = True
-        max_staleness = 1 if max_staleness is None else max_staleness
-        groups_per_batch = groups_per_batch or LEARN_GROUPS_PER_BATCH
-    episodes = episodes or (LEARN_EPISODES if learn else 64)
-    n_samples_per_prompt = n_samples_per_prompt or (LEARN_SAMPLES_PER_PROMPT if learn else 4)
+    train, max_staleness, groups_per_batch = _learn_defaults(learn, train, max_staleness, groups_per_batch)
     run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
                                          max_staleness=max_staleness)
+    _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
+    run_options = DemoOptions(episodes=episodes or (LEARN_EPISODES if learn else 64), seed=seed, adapters=adapters,
+                              n_samples_per_prompt=n_samples_per_prompt or (LEARN_SAMPLES_PER_PROMPT if learn else 4),
+                              batching=run_batching, dp_size=dp_size, out=out, topic_prefix=topic_prefix,
+                              inject_faults=inject_faults, timeout_s=timeout,
+                              max_record_bytes=settings.max_record_bytes, train=train,
+                              interrupt_prob=interrupt_prob, learn=learn)
+    raise typer.Exit(_run_on_broker(settings, run_options, port=port, secure=secure))
+
+
+def _learn_defaults(learn: bool, train: bool, max_staleness: int | None,
+                    groups_per_batch: int | None) -> tuple[bool, int | None, int | None]:
+    """With --learn the loop must be closed for the policy to see its own updates: train, a staleness bound
+    (1 unless given), and the learn batch size unless given."""
+    if not learn:
+        return train, max_staleness, groups_per_batch
+    return True, 1 if max_staleness is None else max_staleness, groups_per_batch or LEARN_GROUPS_PER_BATCH
+
+
+def _refuse_unrunnable(run_batching: BatchingSettings, *, train: bool, secure: bool, settings: KafkaSettings) -> None:
+    """Exit 2 on flags that cannot run together, before anything starts."""
     if run_batching.max_staleness is not None and not train:
         console.print("[red]error:[/red] --max-staleness needs --train: without a trainer no weight version is "
                       "published, and the generator would wait for ever")
         raise typer.Exit(2)
-    run_options = DemoOptions(episodes=episodes, seed=seed, adapters=adapters,
-                              n_samples_per_prompt=n_samples_per_prompt, batching=run_batching,
-                              dp_size=dp_size, out=out, topic_prefix=topic_prefix, inject_faults=inject_faults,
-                              timeout_s=timeout, max_record_bytes=settings.max_record_bytes, train=train,
-                              interrupt_prob=interrupt_prob, learn=learn)
     if secure and settings.bootstrap_servers:
         console.print("[red]error:[/red] --secure runs on the secured local broker it starts; for a cluster of your "
                       "own, give its security settings (ROLLOUT_BUS_SECURITY_PROTOCOL, ...) without --secure")
         raise typer.Exit(2)
+
+
+def _run_on_broker(settings: KafkaSettings, run_options: DemoOptions, *, port: int, secure: bool) -> int:
+    """Run the demo on the given cluster, or on a local broker leased for it; exit 1 when there is none."""
     try:
         lease = BrokerLease(settings.bootstrap_servers or None, port=port, secure=secure,
                             echo=lambda m: console.print(f"[dim]{m}[/dim]"))
@@ -90,8 +105,7 @@ def demo(
                 conn, run_options.principals = lease.broker.connection(), lease.broker.secure.directory
             else:
                 conn = {**settings.client_kwargs(), "bootstrap_servers": bootstrap}
-            code = run_demo(conn, run_options, console)
+            return run_demo(conn, run_options, console)
     except (BrokerError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    raise typer.Exit(code)

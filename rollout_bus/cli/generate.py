@@ -1,11 +1,13 @@
 """``rollout-bus generate``: the built-in generator publishing to rollout.turns.
 
-More than a parser: it wires the run (waits for the cluster, creates missing topics, builds the
-weight watcher, the staleness gate and the ``TurnPublisher``), draws the progress line, turns
-SIGTERM/SIGINT into a clean stop while it follows the weights, and prints and writes the summary; the
-episodes themselves come from ``rollout_bus.sim.generator.publish_generated`` (``--engine sim``, the
-default) or ``rollout_bus.learn.generator.publish_policy_turns`` (``--engine policy``: the real policy,
-which loads every checkpoint the trainer publishes and, following it, first waits for one).
+Thin: it reads flags and settings, builds the plain values the producers stage runs on
+(``rollout_bus.producers.generator_run``: the cluster wait, missing topics, the run's batching, the weight
+watcher, the staleness gate, the ``TurnPublisher`` and the flow records are wired there), draws the
+progress line, turns SIGTERM/SIGINT into a clean stop while it follows the weights, maps errors to exit
+codes, and prints and writes the summary; the episodes themselves come from
+``rollout_bus.sim.generator.publish_generated`` (``--engine sim``, the default) or
+``rollout_bus.learn.generator.publish_policy_turns`` (``--engine policy``: the real policy, which loads
+every checkpoint the trainer publishes and, following it, first waits for one).
 
 Also ``python -m rollout_bus.cli.generate``. Progress (turns sent) goes to stderr with rich; the
 summary (run id, finished episodes with their attempts, turns, bytes, faults) is printed, and
@@ -34,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,16 +48,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import ConfigError, RolloutBusError, Stopped
-from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
-from rollout_bus.kafka.run_record import check_run_batching, declared_by
-from rollout_bus.kafka.flow_reporter import FlowReporter
-from rollout_bus.model.flow_metrics import generator_flow
 from rollout_bus.consumers.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
     from rollout_bus.producers.broker_wait import BrokerWait
+    from rollout_bus.producers.generator_run import GeneratorHooks, Publish
     from rollout_bus.producers.run import GenerateSummary
     from rollout_bus.producers.staleness_gate import GateWait
+    from rollout_bus.wire.topics import Topics
 
 console = Console(stderr=True)
 logger = logging.getLogger("rollout_bus.cli.generate")
@@ -93,129 +92,168 @@ class StopSignals:
                 signal.signal(sig, handler)
 
 
-def _run(settings: GenerateSettings, kafka: KafkaSettings,
-         stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
+def _columns() -> tuple:
+    return (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
+            "turns sent, {task.fields[mb]:.1f} MB{task.fields[weights]}{task.fields[note]}{task.fields[gate]}"),
+            TimeElapsedColumn())
+
+
+def _hooks(progress: Progress, settings: GenerateSettings, topics: Topics,
+           stop: Callable[[], bool] | None) -> GeneratorHooks:
+    """The progress line, kept by what the producers stage tells as the run goes."""
+    from rollout_bus.producers.generator_run import GeneratorHooks
+
+    task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="", gate="", weights="")
+
+    def update(s: GenerateSummary) -> None:
+        weights = "" if s.live_version_max is None else f", weights v{s.live_version_max}"
+        progress.update(task, completed=len(s.episodes), turns=s.turns_sent, mb=s.bytes_sent / 1e6, weights=weights)
+
+    def on_wait(wait: BrokerWait | None) -> None:
+        note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
+                                        f"{wait.records} records unacknowledged)[/yellow]")
+        progress.update(task, note=note)
+
+    def on_gate(wait: GateWait | None) -> None:
+        if wait is None:
+            progress.update(task, gate="")
+            return
+        progress.update(task, weights=f", weights v{wait.live}",
+                        gate=f" [yellow]- {wait.describe()} ({wait.waited_s:.0f}s)[/yellow]")
+
+    def following(live: int) -> None:
+        progress.update(task, weights=f", weights v{live}")
+        logger.info("following weights topic=%s live=%d max_staleness=%s groups_per_batch=%d",
+                    topics.weights, live, settings.max_staleness, settings.groups_per_batch)
+
+    return GeneratorHooks(progress=update, broker_wait=on_wait, gate_wait=on_gate, following=following, stop=stop)
+
+
+def _publish(settings: GenerateSettings, stop: Callable[[], bool] | None) -> Publish:
+    """Who makes the turns: the simulated generator (``--engine sim``) or the real policy (``--engine policy``)."""
     from rollout_bus.learn.generator import publish_policy_turns  # torch: imported only when generating, so
     from rollout_bus.sim.generator import publish_generated        # the rest of the CLI starts fast
-    from rollout_bus.producers.publisher import TurnPublisher
-    from rollout_bus.producers.staleness_gate import StalenessGate
 
-    kwargs = kafka.client_kwargs()
-    topics = kafka.topics()
-    wait_for_cluster(kwargs, settings.delivery_timeout_s)  # started during an outage: wait it out, saying so
-    ensure_topics(kwargs, topics, max_record_bytes=kafka.max_record_bytes)
-    if settings.max_staleness is not None:  # the gate counts batches: hold them to the run's batching
-        check_run_batching(kwargs, topics, settings.declaration(declared_by("generator")))
-    follows = settings.follow_weights or settings.max_staleness is not None
-    columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes, {task.fields[turns]} "
-               "turns sent, {task.fields[mb]:.1f} MB{task.fields[weights]}{task.fields[note]}{task.fields[gate]}"),
-               TimeElapsedColumn())
-    began = time.monotonic()
-    watcher = WeightWatcher(kwargs, topics, initial=settings.policy_version) if follows else None
-    flow = FlowReporter(kwargs, topics, "generator", settings.generator_id())
+    def publish(publisher, watcher, gate, progress) -> GenerateSummary:
+        if settings.engine == "policy":
+            return publish_policy_turns(settings, publisher, watcher, progress=progress, gate=gate, stop=stop)
+        return publish_generated(settings, publisher, progress=progress, gate=gate)
+
+    return publish
+
+
+def _run(settings: GenerateSettings, kafka: KafkaSettings,
+         stop: Callable[[], bool] | None = None) -> tuple[GenerateSummary, float]:
+    from rollout_bus.producers.generator_run import GeneratorOptions, prepare_run, run_generator
+
+    kwargs, topics = kafka.client_kwargs(), kafka.topics()
+    run = options.plain_values(GeneratorOptions, settings, generator_id=settings.generator_id(),
+                               run_batching=settings.run_batching(), max_record_bytes=kafka.max_record_bytes)
+    prepare_run(kwargs, topics, run)
+    with Progress(*_columns(), console=console, transient=False) as progress:
+        return run_generator(kwargs, topics, run, _publish(settings, stop), open_watcher=WeightWatcher,
+                             hooks=_hooks(progress, settings, topics, stop))
+
+
+def _generate(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[GenerateSummary, float]:
+    """Run it; a stop by signal, a refusal or an error becomes its exit code."""
+    signals = StopSignals()
     try:
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task("generate", total=settings.episodes, turns=0, mb=0.0, note="", gate="",
-                                     weights="")
+        if settings.follow_weights or settings.max_staleness is not None:
+            with signals.installed():
+                return _run(settings, kafka, stop=signals.requested)
+        return _run(settings, kafka)
+    except Stopped as exc:
+        if signals.signum is None:  # not ours: a wait for the broker given up
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
+        console.print(f"stopped ({signal.Signals(signals.signum).name}): {exc}; what was sent is flushed, "
+                      "the run is left open")
+        raise typer.Exit(128 + signals.signum) from exc
+    except ConfigError as exc:
+        console.print(f"[red]generator refused:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    except RolloutBusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
 
-            def update(s: GenerateSummary) -> None:
-                weights = "" if s.live_version_max is None else f", weights v{s.live_version_max}"
-                progress.update(task, completed=len(s.episodes), turns=s.turns_sent, mb=s.bytes_sent / 1e6,
-                                weights=weights)
-                flow.report(generator_flow(s.weight_waited_s, s.weight_waits, flow.elapsed_s))
 
-            def on_wait(wait: BrokerWait | None) -> None:
-                note = "" if wait is None else (f" [yellow]- waiting for broker ({wait.waited_s:.0f}s, "
-                                                f"{wait.records} records unacknowledged)[/yellow]")
-                progress.update(task, note=note)
+def _report(summary: GenerateSummary, seconds: float, summary_out: Path | None) -> None:
+    """The summary: printed, and written as JSON with ``--summary-out``."""
+    if summary_out is not None:
+        summary_out.parent.mkdir(parents=True, exist_ok=True)
+        partial = summary_out.with_name(summary_out.name + ".partial")
+        partial.write_text(json.dumps(summary.to_json(), indent=1))
+        partial.replace(summary_out)  # a watcher never reads a half-written summary
+    console.print(f"sent {summary.turns_sent} turns of {len(summary.episodes)} episodes, "
+                  f"{summary.bytes_sent / 1e6:.2f} MB in {seconds:.1f}s; {len(summary.faults)} deliberate faults")
+    closed = (f"closed on {summary.end_of_run_partitions} partitions" if summary.end_of_run_partitions
+              else "left open (--no-end-of-run)")
+    console.print(f"run {summary.run_id}: {closed}")
+    if summary.live_version_max is not None:
+        console.print(f"weights: live versions {summary.live_version_min}..{summary.live_version_max}, "
+                      f"{summary.weight_waits} wait{'' if summary.weight_waits == 1 else 's'} for the trainer "
+                      f"({summary.weight_waited_s:.1f}s)")
 
-            def on_gate(wait: GateWait | None) -> None:
-                if wait is None:
-                    progress.update(task, gate="")
-                    return
-                progress.update(task, weights=f", weights v{wait.live}",
-                                gate=f" [yellow]- {wait.describe()} ({wait.waited_s:.0f}s)[/yellow]")
 
-            gate = None
-            if watcher is not None:
-                gate = StalenessGate(watcher, groups_per_batch=settings.groups_per_batch,
-                                     max_staleness=settings.max_staleness, on_wait=on_gate, stop=stop)
-                live = gate.current()
-                progress.update(task, weights=f", weights v{live}")
-                logger.info("following weights topic=%s live=%d max_staleness=%s groups_per_batch=%d",
-                            topics.weights, live, settings.max_staleness, settings.groups_per_batch)
-            bootstrap = kwargs.pop("bootstrap_servers")
-            with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=kafka.max_record_bytes,
-                               delivery_timeout_s=settings.delivery_timeout_s, on_wait=on_wait,
-                               generator=settings.generator_id(), **kwargs) as publisher:
-                if settings.engine == "policy":
-                    summary = publish_policy_turns(settings, publisher, watcher, progress=update, gate=gate,
-                                                   stop=stop)
-                else:
-                    summary = publish_generated(settings, publisher, progress=update, gate=gate)
-            update(summary)
-            flow.report(generator_flow(summary.weight_waited_s, summary.weight_waits, flow.elapsed_s), final=True)
-    finally:
-        flow.close()
-        if watcher is not None:
-            watcher.close()
-    return summary, time.monotonic() - began
+EPISODES = typer.Option(None, "--episodes", help="Episodes in all (groups = ceil(episodes / n)).")
+SEED = typer.Option(None, "--seed", help="Seeds everything: the same seed sends the same records.")
+N_SAMPLES_PER_PROMPT = typer.Option(None, "--n-samples-per-prompt", help="Episodes per prompt group.")
+ADAPTERS = typer.Option(None, "--adapters", help="Comma-separated LoRA adapters, e.g. math,code.")
+MAX_TURNS = typer.Option(None, "--max-turns", help="Most turns per episode.")
+MIN_RESPONSE_LEN = typer.Option(None, "--min-response-len", help="Fewest tokens per response.")
+MAX_RESPONSE_LEN = typer.Option(None, "--max-response-len", help="Most tokens per response.")
+VOCAB_SIZE = typer.Option(None, "--vocab-size", help="Vocabulary of the built-in policy.")
+TEMPERATURE = typer.Option(None, "--temperature", help="Sampling temperature.")
+TOP_P = typer.Option(None, "--top-p", help="Nucleus mass of the sampling support.")
+TOP_K = typer.Option(None, "--top-k", help="Most tokens in a support (<= 0: no limit).")
+MIN_P = typer.Option(None, "--min-p", help="Drop tokens below this fraction of the most likely one's probability "
+                     "(SGLang's min-p; 0: none).")
+COMPACTION_PROB = typer.Option(None, "--compaction-prob", help="Chance a turn restarts from a summary.")
+RETRY_PROB = typer.Option(None, "--retry-prob", help="Chance an attempt aborts and is retried.")
+REMOVE_PROB = typer.Option(None, "--remove-prob", help="Chance an episode is marked remove_sample.")
+TOOL_CALL_PROB = typer.Option(None, "--tool-call-prob", help="Chance a response calls the tool.")
+TRUNCATION_PROB = typer.Option(None, "--truncation-prob", help="Chance an episode's last turn runs to max length.")
+INJECT_FAULTS = typer.Option(False, "--inject-faults", help="Also send a few deliberately bad records.")
+RUN_ID = typer.Option(None, "--run-id", help="Names the run in its end-of-run records (default: a fresh uuid hex).")
+END_OF_RUN = typer.Option(None, "--end-of-run/--no-end-of-run",
+                          help="Close the run when done (default), so the shard writer writes the last, partial "
+                               "batch. --no-end-of-run for one of several generators sharing a --run-id: the last "
+                               "one, or `rollout-bus end-run`, closes it.")
+DELIVERY_TIMEOUT = typer.Option(None, "--delivery-timeout", help="Seconds a record may wait for an unreachable "
+                                "broker before the run fails (default 900).")
+FOLLOW_WEIGHTS = typer.Option(False, "--follow-weights", help="Stamp each engine call with the trainer's live weight "
+                              "version (rollout.weights) instead of the fixed policy version.")
+INTERRUPT_PROB = typer.Option(None, "--interrupt-prob", min=0.0, max=1.0,
+                              help="Share of turns cut when the live weights change while they are generated: an "
+                                   "ABORTED partial turn, then its continuation under the new version (default 0).")
+GENERATORS = typer.Option(None, "--generators", min=1,
+                          help="How many generators share this run (default 1): with --generator-index each makes "
+                               "only its share of the group indices, so none collide.")
+GENERATOR_INDEX = typer.Option(None, "--generator-index", min=0,
+                               help="This generator's place among --generators (0-based): it makes the groups g with "
+                                    "g mod generators == index.")
+ENGINE = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or 'policy' (the "
+                      "real policy on the calculator task, following the trainer's weights when --follow-weights or "
+                      "--max-staleness is given).")
+SUMMARY_OUT = typer.Option(None, "--summary-out", help="Write the run summary here as JSON.")
 
 
 def generate(
-    bootstrap_servers: str | None = options.BOOTSTRAP,
-    topic_prefix: str | None = options.TOPIC_PREFIX,
-    episodes: int | None = typer.Option(None, "--episodes", help="Episodes in all (groups = ceil(episodes / n))."),
-    seed: int | None = typer.Option(None, "--seed", help="Seeds everything: the same seed sends the same records."),
-    n_samples_per_prompt: int | None = typer.Option(None, "--n-samples-per-prompt", help="Episodes per prompt group."),
-    adapters: str | None = typer.Option(None, "--adapters", help="Comma-separated LoRA adapters, e.g. math,code."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="Most turns per episode."),
-    min_response_len: int | None = typer.Option(None, "--min-response-len", help="Fewest tokens per response."),
-    max_response_len: int | None = typer.Option(None, "--max-response-len", help="Most tokens per response."),
-    vocab_size: int | None = typer.Option(None, "--vocab-size", help="Vocabulary of the built-in policy."),
-    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature."),
-    top_p: float | None = typer.Option(None, "--top-p", help="Nucleus mass of the sampling support."),
-    top_k: int | None = typer.Option(None, "--top-k", help="Most tokens in a support (<= 0: no limit)."),
-    min_p: float | None = typer.Option(None, "--min-p", help="Drop tokens below this fraction of the most likely "
-                                       "one's probability (SGLang's min-p; 0: none)."),
-    compaction_prob: float | None = typer.Option(None, "--compaction-prob",
-                                                 help="Chance a turn restarts from a summary."),
-    retry_prob: float | None = typer.Option(None, "--retry-prob", help="Chance an attempt aborts and is retried."),
-    remove_prob: float | None = typer.Option(None, "--remove-prob", help="Chance an episode is marked remove_sample."),
-    tool_call_prob: float | None = typer.Option(None, "--tool-call-prob", help="Chance a response calls the tool."),
-    truncation_prob: float | None = typer.Option(None, "--truncation-prob",
-                                                 help="Chance an episode's last turn runs to max length."),
-    inject_faults: bool = typer.Option(False, "--inject-faults", help="Also send a few deliberately bad records."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Names the run in its end-of-run records "
-                                      "(default: a fresh uuid hex)."),
-    end_of_run: bool | None = typer.Option(None, "--end-of-run/--no-end-of-run",
-                                           help="Close the run when done (default), so the shard writer writes the "
-                                                "last, partial batch. --no-end-of-run for one of several generators "
-                                                "sharing a --run-id: the last one, or `rollout-bus end-run`, closes "
-                                                "it."),
-    delivery_timeout: float | None = typer.Option(None, "--delivery-timeout",
-                                                  help="Seconds a record may wait for an unreachable broker before "
-                                                       "the run fails (default 900)."),
-    follow_weights: bool = typer.Option(False, "--follow-weights",
-                                        help="Stamp each engine call with the trainer's live weight version "
-                                             "(rollout.weights) instead of the fixed policy version."),
-    max_staleness: int | None = options.MAX_STALENESS,
-    groups_per_batch: int | None = options.GROUPS_PER_BATCH,
-    batching: str | None = options.BATCHING,
-    interrupt_prob: float | None = typer.Option(None, "--interrupt-prob", min=0.0, max=1.0,
-                                                help="Share of turns cut when the live weights change while they "
-                                                     "are generated: an ABORTED partial turn, then its "
-                                                     "continuation under the new version (default 0)."),
-    generators: int | None = typer.Option(None, "--generators", min=1,
-                                          help="How many generators share this run (default 1): with --generator-index "
-                                               "each makes only its share of the group indices, so none collide."),
-    generator_index: int | None = typer.Option(None, "--generator-index", min=0,
-                                               help="This generator's place among --generators (0-based): it makes "
-                                                    "the groups g with g mod generators == index."),
-    engine: str | None = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or "
-                                      "'policy' (the real policy on the calculator task, following the trainer's "
-                                      "weights when --follow-weights or --max-staleness is given)."),
-    summary_out: Path | None = typer.Option(None, "--summary-out", help="Write the run summary here as JSON."),
+    bootstrap_servers: str | None = options.BOOTSTRAP, topic_prefix: str | None = options.TOPIC_PREFIX,
+    episodes: int | None = EPISODES, seed: int | None = SEED, n_samples_per_prompt: int | None = N_SAMPLES_PER_PROMPT,
+    adapters: str | None = ADAPTERS, max_turns: int | None = MAX_TURNS,
+    min_response_len: int | None = MIN_RESPONSE_LEN, max_response_len: int | None = MAX_RESPONSE_LEN,
+    vocab_size: int | None = VOCAB_SIZE, temperature: float | None = TEMPERATURE, top_p: float | None = TOP_P,
+    top_k: int | None = TOP_K, min_p: float | None = MIN_P, compaction_prob: float | None = COMPACTION_PROB,
+    retry_prob: float | None = RETRY_PROB, remove_prob: float | None = REMOVE_PROB,
+    tool_call_prob: float | None = TOOL_CALL_PROB, truncation_prob: float | None = TRUNCATION_PROB,
+    inject_faults: bool = INJECT_FAULTS, run_id: str | None = RUN_ID, end_of_run: bool | None = END_OF_RUN,
+    delivery_timeout: float | None = DELIVERY_TIMEOUT, follow_weights: bool = FOLLOW_WEIGHTS,
+    max_staleness: int | None = options.MAX_STALENESS, groups_per_batch: int | None = options.GROUPS_PER_BATCH,
+    batching: str | None = options.BATCHING, interrupt_prob: float | None = INTERRUPT_PROB,
+    generators: int | None = GENERATORS, generator_index: int | None = GENERATOR_INDEX, engine: str | None = ENGINE,
+    summary_out: Path | None = SUMMARY_OUT,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
@@ -232,41 +270,8 @@ def generate(
         batching=batching, interrupt_prob=interrupt_prob, engine=engine, generators=generators,
         generator_index=generator_index)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
-    signals = StopSignals()
-    try:
-        if settings.follow_weights or settings.max_staleness is not None:
-            with signals.installed():
-                summary, seconds = _run(settings, kafka, stop=signals.requested)
-        else:
-            summary, seconds = _run(settings, kafka)
-    except Stopped as exc:
-        if signals.signum is None:  # not ours: a wait for the broker given up
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from exc
-        console.print(f"stopped ({signal.Signals(signals.signum).name}): {exc}; what was sent is flushed, "
-                      "the run is left open")
-        raise typer.Exit(128 + signals.signum) from exc
-    except ConfigError as exc:
-        console.print(f"[red]generator refused:[/red] {exc}")
-        raise typer.Exit(2) from exc
-    except RolloutBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    doc = summary.to_json()
-    if summary_out is not None:
-        summary_out.parent.mkdir(parents=True, exist_ok=True)
-        partial = summary_out.with_name(summary_out.name + ".partial")
-        partial.write_text(json.dumps(doc, indent=1))
-        partial.replace(summary_out)  # a watcher never reads a half-written summary
-    console.print(f"sent {summary.turns_sent} turns of {len(summary.episodes)} episodes, "
-                  f"{summary.bytes_sent / 1e6:.2f} MB in {seconds:.1f}s; {len(summary.faults)} deliberate faults")
-    closed = (f"closed on {summary.end_of_run_partitions} partitions" if summary.end_of_run_partitions
-              else "left open (--no-end-of-run)")
-    console.print(f"run {summary.run_id}: {closed}")
-    if summary.live_version_max is not None:
-        console.print(f"weights: live versions {summary.live_version_min}..{summary.live_version_max}, "
-                      f"{summary.weight_waits} wait{'' if summary.weight_waits == 1 else 's'} for the trainer "
-                      f"({summary.weight_waited_s:.1f}s)")
+    summary, seconds = _generate(settings, kafka)
+    _report(summary, seconds, summary_out)
 
 
 if __name__ == "__main__":  # python -m rollout_bus.cli.generate

@@ -11,7 +11,7 @@ import typer
 
 from rollout_bus.cli import options
 from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, publish_from_engine, replay,
-                             report, shards, stream, tail, topics, train, train_sim)
+                             report, shards, stream, tail, topics, train)
 
 app = typer.Typer(
     name="rollout-bus",
@@ -35,7 +35,7 @@ app.command("report")(report.report)
 app.command("replay")(replay.replay)
 app.command("inspect")(inspect.inspect)
 app.command("train")(train.train)
-app.command("train-sim")(train_sim.train_sim)
+app.command("train-sim")(train.train_sim)
 
 
 @app.callback()

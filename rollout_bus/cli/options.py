@@ -1,20 +1,22 @@
 """Flags shared by several subcommands, so each means the same thing everywhere, and what they settle.
 
 ``kafka_settings`` builds the connection settings from the flags a user set (environment variables
-and defaults fill the rest); ``configure_logging`` is the one logging setup of every command, also
-when a stage runs as ``python -m rollout_bus.cli.<stage>``.
+and defaults fill the rest); ``plain_values`` turns a role's settings into the plain values its stage takes
+(settings end here: no stage imports ``rollout_bus.config``); ``configure_logging`` is the one logging setup
+of every command, also when a stage runs as ``python -m rollout_bus.cli.<stage>``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rollout_bus.kafka.client_logs import quiet_client_logs
-from rollout_bus.config import BatchingSettings, KafkaSettings
+from rollout_bus.config import DEFAULT_DP_SIZE, BatchingSettings, KafkaSettings
 
 NOISY_LOGGERS = ("kafka", "aiokafka", "faust", "mode")
 S = TypeVar("S")
@@ -31,6 +33,15 @@ def role_settings(cls: type[S], **flags: object) -> S:
         return cls(**given(**flags))
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+def plain_values(cls: type[S], settings: BaseModel, **worked_out: Any) -> S:
+    """A stage's plain values (the dataclass ``cls``) from a role's settings: every field of ``cls`` the settings
+    have by name, then ``worked_out`` over them (what the CLI derives: a path, a prefixed group, the run's
+    batching); the rest keep the stage's defaults. So no field is listed by hand on both sides."""
+    names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    shared = {name: getattr(settings, name) for name in type(settings).model_fields if name in names}
+    return cls(**{**shared, **worked_out})
 
 
 def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **more: object) -> KafkaSettings:
@@ -74,6 +85,11 @@ BATCHING = typer.Option(
     None, "--batching",
     help="step: batch k = groups [k*G, (k+1)*G), replayable; arrival: the first G groups to complete "
          f"(default {_BATCHING_DEFAULTS['batching'].default}; ROLLOUT_BUS_BATCHING).")
+DP_SIZE = typer.Option(DEFAULT_DP_SIZE, "--dp-size", min=1,
+                       help="Data-parallel ranks: the shard writer writes one shard per rank per batch.")
+DP_SIZE_SETTING = typer.Option(  # the shard writer's: unset, ROLLOUT_BUS_DP_SIZE or the default
+    None, "--dp-size", min=1,
+    help=f"Data-parallel ranks: one shard each per batch (default {DEFAULT_DP_SIZE}; ROLLOUT_BUS_DP_SIZE).")
 MAX_STALENESS = typer.Option(
     None, "--max-staleness", min=0, metavar="K",
     help="The run's staleness bound (step batching): the generator starts a group of batch k only once the "

@@ -25,7 +25,7 @@ from rollout_bus.config import BatchingSettings
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.wire.positions import RangeStart, parse_range_start, with_prefix
-from rollout_bus.replay.rerun import ReplayReport
+from rollout_bus.replay.report import ReplayReport
 from rollout_bus.replay.rerun import replay as run_replay
 
 err = Console(stderr=True, emoji=False)

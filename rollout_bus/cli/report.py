@@ -2,7 +2,7 @@
 
 Reads rollout.metrics, rollout.shards and rollout.dlq to their current end
 (``rollout_bus.observe.run_reader``: group-less, commits nothing), optionally the manifests under
-``--shards DIR``, folds them (``rollout_bus.observe.report``) and writes the page. Also ``python -m rollout_bus.cli.report``.
+``--shards DIR``, folds them (``rollout_bus.observe.report``) and writes the page (``rollout_bus.observe.report_html``). Also ``python -m rollout_bus.cli.report``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from rich.console import Console
 from rollout_bus.cli import options
 from rollout_bus.errors import BrokerError
 from rollout_bus.observe.learning import learning_curve
-from rollout_bus.observe.report import build_report, render_html
+from rollout_bus.observe.report import build_report
+from rollout_bus.observe.report_html import render_html
 from rollout_bus.observe.run_reader import read_run
 from rollout_bus.observe.accounting import written_batches
 console = Console(stderr=True)

@@ -38,11 +38,18 @@ def _progress_line(stats: WriterStats) -> str:
             + (f", {stats.runs_ended} runs ended" if stats.runs_ended else ""))
 
 
+def _banner(episodes_topic: str, writer: WriterOptions) -> str:
+    run = writer.run_batching
+    return (f"shard writer: {episodes_topic} -> {writer.out_dir} (dp_size={writer.dp_size}, "
+            f"groups_per_batch={run.groups_per_batch}, batching={run.batching}"
+            + (f", max_staleness={run.max_staleness}" if run.max_staleness is not None else "") + ")")
+
+
 def shards(
     bootstrap_servers: str | None = options.BOOTSTRAP,
     topic_prefix: str | None = options.TOPIC_PREFIX,
     out: Path | None = typer.Option(None, "--out", help="Directory for batch-*/dp-*.safetensors + manifest.json."),
-    dp_size: int | None = typer.Option(None, "--dp-size", help="Data-parallel ranks: one shard each per batch."),
+    dp_size: int | None = options.DP_SIZE_SETTING,
     groups_per_batch: int | None = options.GROUPS_PER_BATCH,
     batching: str | None = options.BATCHING,
     group_id: str | None = typer.Option(None, "--group-id", help="Consumer group holding the committed offsets "
@@ -65,20 +72,13 @@ def shards(
         ShardSettings, out=str(out) if out is not None else None, dp_size=dp_size, groups_per_batch=groups_per_batch,
         batching=batching, group_id=group_id, normalization=normalization, exit_when_idle=exit_when_idle or None,
         exit_on_end_of_run=exit_on_end_of_run or None, max_batches=max_batches, max_staleness=max_staleness)
-    writer_options = WriterOptions(
-        out_dir=Path(settings.out), dp_size=settings.dp_size, groups_per_batch=settings.groups_per_batch,
-        batching=settings.batching, group_id=kafka.topics().group(settings.group_id), normalization=settings.normalization,
-        exit_when_idle=settings.exit_when_idle, exit_on_end_of_run=settings.exit_on_end_of_run,
-        max_batches=settings.max_batches, max_record_bytes=kafka.max_record_bytes,
-        written_memory=settings.written_memory, max_staleness=settings.max_staleness,
-    )
-    console.print(f"shard writer: {kafka.topics().episodes} -> {writer_options.out_dir} "
-                  f"(dp_size={settings.dp_size}, groups_per_batch={settings.groups_per_batch}, "
-                  f"batching={settings.batching}"
-                  + (f", max_staleness={settings.max_staleness}" if settings.max_staleness is not None else "") + ")")
+    writer_options = options.plain_values(
+        WriterOptions, settings, out_dir=Path(settings.out), run_batching=settings.run_batching(),
+        group_id=kafka.topics().group(settings.group_id), max_record_bytes=kafka.max_record_bytes)
+    console.print(_banner(kafka.topics().episodes, writer_options))
     wait_for_cluster(kafka.client_kwargs(), None)  # a bootstrap that never answers is said within seconds, and why
     try:
-        check_run_batching(kafka.client_kwargs(), kafka.topics(), settings.declaration(declared_by("shard writer")))
+        check_run_batching(kafka.client_kwargs(), kafka.topics(), settings.run_batching(declared_by("shard writer")))
     except ConfigError as exc:
         console.print(f"[red]shard writer refused:[/red] {exc}")
         raise typer.Exit(2) from exc

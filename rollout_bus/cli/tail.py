@@ -29,6 +29,9 @@ from rich.table import Table
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings, ShardSettings, StreamSettings
 from rollout_bus.observe.live_feed import MetricsFeed
+from rollout_bus.wire.flow_metrics import (DISCARD_CAUSES, SAMPLE_AGE_P50, SAMPLE_AGE_P99, WAIT_KEYS,
+                                           discarded_token_fraction)
+from rollout_bus.wire.metrics_records import METRIC_PREFIX
 
 # (metric, column header): headers short enough for an 80-column terminal
 WINDOW_COLUMNS = [("episode_response_length/mean", "len mean"), ("episode_response_length/median", "median"),
@@ -48,8 +51,8 @@ def stage_groups(kafka: KafkaSettings, stream_group: str | None, shards_group: s
 
 def _short(metrics: dict[str, Any], adapter: str | None) -> dict[str, Any]:
     """Metric names without ``rollout/`` and the adapter scope, for display."""
-    scope = f"rollout/adapter/{adapter}/"
-    shown = {k.removeprefix("rollout/"): v for k, v in metrics.items() if not k.startswith("rollout/adapter/")}
+    scoped, scope = f"{METRIC_PREFIX}adapter/", f"{METRIC_PREFIX}adapter/{adapter}/"
+    shown = {k.removeprefix(METRIC_PREFIX): v for k, v in metrics.items() if not k.startswith(scoped)}
     shown.update({k[len(scope):]: v for k, v in metrics.items() if adapter is not None and k.startswith(scope)})
     return shown
 
@@ -110,12 +113,11 @@ def _retention_warning(row: dict[str, Any]) -> str:
     return ""
 
 
-FLOW_SOURCE_COLUMNS = (("flow/generator/gate_blocked_s", "flow/trainer/wait_s"),
-                       ("flow/generator/gate_blocked_fraction", "flow/trainer/wait_fraction"))
-BATCH_FLOW = (("flow/sample_age_s/p50", "age p50 s"), ("flow/sample_age_s/p99", "age p99 s"),
-              ("flow/discarded_token_fraction/aborted", "aborted"),
-              ("flow/discarded_token_fraction/removed", "removed"),
-              ("flow/discarded_token_fraction/stale", "stale"))
+# waited s, then fraction: the key of whichever stage the source is
+FLOW_SOURCE_COLUMNS = (tuple(keys.seconds for keys in WAIT_KEYS.values()),
+                       tuple(keys.fraction for keys in WAIT_KEYS.values()))
+BATCH_FLOW = ((SAMPLE_AGE_P50, "age p50 s"), (SAMPLE_AGE_P99, "age p99 s"),
+              *((discarded_token_fraction(cause), cause) for cause in DISCARD_CAUSES))
 
 
 def flow_table(snapshot: dict[str, Any]) -> Table:

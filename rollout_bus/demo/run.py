@@ -29,16 +29,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rollout_bus.config import BatchingSettings
+from rollout_bus.config import DEFAULT_DP_SIZE, BatchingSettings
 from rollout_bus.kafka.acls import grant_roles
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.local_kafka.secure import SecureSetup
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.observe.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.observe.learning import learning_curve, reward_charts
-from rollout_bus.observe.report import Flow, fold_flow
+from rollout_bus.observe.flow_fold import fold_flow
+from rollout_bus.observe.flow_tables import flow_tables
 from rollout_bus.demo.processes import StageProcess
 from rollout_bus.consumers.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
+from rollout_bus.wire.metrics_records import METRIC_PREFIX
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
@@ -62,7 +64,7 @@ class DemoOptions:
     # the run's batching, the same object generate and shards settle theirs in (groups per batch, step or
     # arrival, the staleness bound: with a bound the loop is closed and needs ``train``)
     batching: BatchingSettings = field(default_factory=BatchingSettings)
-    dp_size: int = 2
+    dp_size: int = DEFAULT_DP_SIZE
     out: Path | None = None
     topic_prefix: str | None = None
     inject_faults: bool = False
@@ -355,43 +357,8 @@ def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
         for _, manifest in shown:
             value = manifest.get("metrics", {}).get(metric)
             cells.append("" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value)))
-        table.add_row(metric if metric.startswith("rollout/") else f"rollout/{metric}", *cells)
+        table.add_row(metric if metric.startswith(METRIC_PREFIX) else f"{METRIC_PREFIX}{metric}", *cells)
     return table
-
-
-FLOW_BATCHES_SHOWN = 8
-
-
-def flow_tables(flow: Flow) -> list[Table]:
-    """Who waited (each generator behind the staleness gate, the trainer for batches) and each batch's sample
-    age and discarded tokens by cause, as the run's rollout.metrics records say."""
-    tables = []
-    if flow.sources:
-        waiting = Table(title="flow: time spent waiting", show_lines=False)
-        for column in ("stage", "source", "waited s", "fraction", "elapsed s", "waits/steps"):
-            waiting.add_column(column, justify="left" if column in ("stage", "source") else "right")
-        for row in flow.sources:
-            m, stage = row["metrics"], row["stage"]
-            waited, fraction, count = (("flow/generator/gate_blocked_s", "flow/generator/gate_blocked_fraction",
-                                        "flow/generator/gate_waits") if stage == "generator" else
-                                       ("flow/trainer/wait_s", "flow/trainer/wait_fraction", "flow/trainer/steps"))
-            waiting.add_row(stage, row["source"], f"{m.get(waited, 0.0):.2f}", f"{m.get(fraction, 0.0):.3f}",
-                            f"{row['elapsed_s'] or 0.0:.1f}", f"{m.get(count, 0.0):.0f}")
-        tables.append(waiting)
-    if flow.batches:
-        shown = list(flow.batches.items())[-FLOW_BATCHES_SHOWN:]
-        per_batch = Table(title=f"flow per batch (last {len(shown)} of {len(flow.batches)}): sample age in s (final "
-                          "turn to batch written); response tokens discarded, by cause", show_lines=False)
-        for column in ("batch", "age p50", "age p99", "age max", "tokens", "aborted", "removed", "stale"):
-            per_batch.add_column(column, justify="right", no_wrap=True)
-        for seq, m in shown:
-            ages = [f"{m[k]:.2f}" if k in m else "-" for k in ("flow/sample_age_s/p50", "flow/sample_age_s/p99",
-                                                              "flow/sample_age_s/max")]
-            causes = [f"{m.get(f'flow/discarded_tokens/{c}', 0.0):.0f} {m.get(f'flow/discarded_token_fraction/{c}', 0.0):.1%}"
-                      for c in ("aborted", "removed", "stale")]
-            per_batch.add_row(str(seq), *ages, f"{m.get('flow/response_tokens', 0.0):.0f}", *causes)
-        tables.append(per_batch)
-    return tables
 
 
 def print_report(console: Console, run: DemoRun, result: Reconciliation | None, metrics_records: list[dict],

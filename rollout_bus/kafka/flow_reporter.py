@@ -5,8 +5,8 @@ are seen only inside those processes; on the bus, the exporter, ``tail`` and the
 read the window and batch metrics.
 
 Contract: ``FlowReporter(conn, topics, stage, source, every_s=5.0)`` sends
-``records.flow_metrics_record(stage, source, metrics, elapsed_s=..., final=...)`` (WIRE.md 6.3, key
-``records.flow_key``) when ``report(metrics)`` is called at least ``every_s`` after the last send (the first
+``flow_metrics.flow_metrics_record(stage, source, metrics, elapsed_s=..., final=...)`` (WIRE.md 6.3, key
+``flow_metrics.flow_key``) when ``report(metrics)`` is called at least ``every_s`` after the last send (the first
 call sends), and always for ``report(metrics, final=True)``, which also waits until the broker has every
 record. ``elapsed_s`` is the time since the reporter was made. The producer is made at the first send.
 Reporting never stops the stage: a send the cluster refuses (``AccessDenied``: an ACL the principal lacks) is
@@ -24,7 +24,7 @@ from typing import Any
 from rollout_bus.errors import AccessDenied, BrokerError
 from rollout_bus.kafka.clients import KafkaError, KafkaProducer, new_producer
 from rollout_bus.kafka.refusals import refusals_named
-from rollout_bus.wire.records import flow_key, flow_metrics_record
+from rollout_bus.wire.flow_metrics import flow_key, flow_metrics_record
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from rollout_bus.policy.checkpoint import CheckpointError, read_checkpoint
 from rollout_bus.policy.model import best_device, build_policy, last_logits
 from rollout_bus.policy.sampler import Sampler
 from rollout_bus.policy.vocab import EOS, VOCAB
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 
 logger = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ from rollout_bus.producers.groups import GroupSpec, plan_groups
 from rollout_bus.producers.run import GenerateSummary, ProgressFn, publish_turns
 from rollout_bus.producers.staleness_gate import StalenessGate
 from rollout_bus.producers.torch_threads import torch_threads
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def iter_policy_turns(settings: GenerateSettings, engine: PolicyEngine,
                       gate: StalenessGate | None = None) -> Iterator[tuple[Sample, dict]]:
     """Every turn of every episode, in publishing order (see the module docstring)."""
     task = CalculatorTask(settings.seed)
-    for group in plan_groups(settings):
+    for group in plan_groups(**settings.group_plan()):
         if gate is not None:
             gate.admit(group.group_index)
         problem = task.problem(group.group_index)
@@ -192,6 +192,7 @@ def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, pr
         engine = PolicyEngine(settings.seed, sampler, live=live, device=device)
         wait_for_first_weights(engine, lambda ms: watcher.refresh(timeout_ms=ms), stop=stop)
     with torch_threads(settings.torch_threads):
-        summary = publish_turns(settings, iter_policy_turns(settings, engine, gate), publisher, progress, gate)
+        summary = publish_turns(iter_policy_turns(settings, engine, gate), publisher, run_id=settings.run_id,
+                                end_of_run=settings.end_of_run, progress=progress, gate=gate)
     logger.info("policy engine loaded %d weight versions, refused %d", engine.loads, len(engine.refused))
     return summary

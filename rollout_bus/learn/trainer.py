@@ -1,7 +1,8 @@
 """The real trainer: the generators' own policy, trained on what the bus delivers, shipped back as checkpoints.
 
-It follows every DP rank's shard feed like the stand-in (``rollout_bus.sim.trainer``) and keeps its
-exactly-once checkpoint (``rollout_bus.consumers.feed.training``), but what it trains is the ``LlamaForCausalLM``
+It runs the trainer loop the stand-in (``rollout_bus.sim.trainer``) runs (``rollout_bus.consumers.feed.loop``:
+every DP rank's shard feed, the exactly-once checkpoint of ``rollout_bus.consumers.feed.training``) with its own
+step, ``LearnStep``: what it trains is the ``LlamaForCausalLM``
 the generators sample from, and after every step it writes that policy's weights as a verified
 checkpoint and publishes where they are on rollout.weights, so the generators' next tokens come from
 the weights this step made.
@@ -17,7 +18,7 @@ ignoring the masks would cost (``full_vocab_mismatch_*``).
 
 Contract:
 
-* ``run_learn(options, *, log=None, on_progress=None) -> LearnResult``. On a fresh start it writes
+* ``run_learn(options, *, log=None, on_progress=None) -> TrainResult``. On a fresh start it writes
   and publishes version 0 (the seeded initial policy) before training; after training batch ``seq``
   it writes ``weights/policy-v{seq+1:06d}.safetensors`` under ``checkpoint_dir`` and publishes version
   ``seq + 1`` with its ``file://`` URI, sha256 and size, then checkpoints (``checkpoint.pt`` with the
@@ -41,17 +42,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rollout_bus.consumers.feed.loop import (Checkpoint, FeedOptions, Publish, TrainProgress, TrainResult, run_training,
+                                             step_over_ranks)
+from rollout_bus.consumers.feed.trainer_feed import TrainBatch
+from rollout_bus.consumers.feed.training import TrainState
 from rollout_bus.errors import ConfigError, ContractError, must_be
-from rollout_bus.consumers.feed.trainer_feed import ShardFeed, TrainBatch
-from rollout_bus.wire.topics import Topics
-from rollout_bus.consumers.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
 from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 from rollout_bus.policy.checkpoint import CheckpointRef, read_checkpoint, save_checkpoint
@@ -64,65 +66,25 @@ _KEPT_MODELS = 4  # old weights held for recomputation: versions a batch may spa
 
 
 @dataclass
-class LearnOptions:
-    """What ``run_learn`` trains on and how."""
+class LearnOptions(FeedOptions):
+    """What ``run_learn`` trains on and how (the feed: ``FeedOptions``)."""
 
-    bootstrap_servers: str
-    checkpoint_dir: Path
-    ranks: list[int] = field(default_factory=lambda: [0])
-    dp_size: int = 1
-    kafka: dict[str, Any] = field(default_factory=dict)
-    topic_prefix: str = ""
-    shards_root: Path | None = None
     seed: int = 0
     lr: float = 3e-3
     temperature: float = 1.0  # the generators' sampling temperature (their log-probs are of logits / T)
     clip_eps: float = 0.2
     tis_clip: float = 2.0
-    timeout_s: float = 600.0
-    max_batches: int | None = None
-    torch_threads: int = 1
     device: str | None = None  # default: CUDA when present, else CPU
 
     def check(self) -> None:
-        if not self.ranks or len(set(self.ranks)) != len(self.ranks):
-            raise ConfigError(must_be("ranks", "a non-empty list of distinct ranks", self.ranks))
-        if any(not 0 <= r < self.dp_size for r in self.ranks):
-            raise ConfigError(must_be("ranks", f"ranks in [0, dp_size = {self.dp_size})", self.ranks))
+        super().check()
         if not self.temperature > 0:
             raise ConfigError(must_be("temperature", "> 0", self.temperature))
-        if self.max_batches is not None and self.max_batches < 0:
-            raise ConfigError(must_be("max_batches", ">= 0 or None", self.max_batches))
 
     def shape(self) -> dict[str, Any]:
         """What a checkpoint must agree on to be resumed with these options."""
         return {"policy": "llama", "ranks": list(self.ranks), "dp_size": self.dp_size, "seed": self.seed,
                 "lr": self.lr, "temperature": self.temperature}
-
-
-@dataclass
-class LearnResult:
-    batches: int
-    batches_this_run: int
-    last_seq: int | None
-    final_loss: float | None
-    resumed_from: int
-    checkpoint: Path
-    version: int
-
-    def summary(self) -> str:
-        loss = "n/a" if self.final_loss is None else f"{self.final_loss:.6f}"
-        return (f"train: trained batches={self.batches} (this run {self.batches_this_run}, resumed after "
-                f"{self.resumed_from}) last_seq={self.last_seq} final_loss={loss} weights version={self.version} "
-                f"checkpoint={self.checkpoint}")
-
-
-@dataclass
-class LearnProgress:
-    batches: int
-    last_seq: int | None
-    loss: float | None
-    reward: float | None
 
 
 class _PublishedWeights:
@@ -228,77 +190,66 @@ def _step_line(seq: int, rows: list[dict[str, Any]]) -> str:
             f"samples={sum(r['samples'] for r in rows)}")
 
 
-def _publish(feeds: Mapping[int, ShardFeed], rank: int, ref: CheckpointRef) -> None:
-    feeds[rank].publish_version(ref.version, ref.step, uri=ref.path.resolve().as_uri(), sha256=ref.sha256,
-                                size=ref.bytes)
+class LearnStep:
+    """The real policy's part of the loop: the GRPO/TIS update at the published weights, every new version
+    written and published before its batch counts as trained, and a checkpoint with every batch (saved
+    before the batch's line; nothing left to save at the end)."""
+
+    name = "train"
+
+    def __init__(self, options: LearnOptions) -> None:
+        self.options = options
+        self.device = torch.device(options.device) if options.device else best_device()
+        self.weights_dir = Path(options.checkpoint_dir) / WEIGHTS_DIR
+        model = build_policy(options.seed, self.device)
+        model.train()
+        self.state = TrainState(model, torch.optim.Adam(model.parameters(), lr=options.lr))
+        self.weights = _PublishedWeights({}, self.device)
+        self.version = 0  # the weights the next batch trains at
+        self.began: float | None = None  # when the run's first step began
+
+    def shape(self) -> dict[str, Any]:
+        return self.options.shape()
+
+    def start(self, resumed: bool, next_seq: int | None, publish: Publish, log: logging.Logger) -> str:
+        self.weights = _PublishedWeights(self.state.extra.get("versions") or {}, self.device)
+        self.version = self.state.trained[-1] + 1 if self.state.trained else 0
+        if not resumed:  # the initial weights, verified like every later version, before any generator needs them
+            ref = self._publish(0, 0, publish)
+            log.info("published weights version=0 path=%s sha256=%s", ref.path, ref.sha256)
+        return f"weights version={self.version}"
+
+    def train(self, batches: list[TrainBatch]) -> list[dict[str, Any]]:
+        began = self.began = time.monotonic() if self.began is None else self.began
+
+        def one_rank(batch: TrainBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+            return rank_loss(self.state.policy, self.weights, self.version, batch, self.options)
+
+        return step_over_ranks(self.state, batches, one_rank,
+                               lambda row: {**row, "elapsed_s": round(time.monotonic() - began, 3)})
+
+    def ship(self, seq: int, publish: Publish) -> None:
+        self.version = seq + 1
+        self._publish(self.version, seq, publish)  # the new weights are live: generators load them between steps
+        self.state.extra["versions"] = self.weights.refs
+
+    def _publish(self, version: int, step: int, publish: Publish) -> CheckpointRef:
+        ref = wait_for_disk(lambda: save_checkpoint(self.state.policy, self.weights_dir, version, step),
+                            f"weights version {version}")
+        self.weights.add(ref)
+        publish(ref.version, ref.step, uri=ref.path.resolve().as_uri(), sha256=ref.sha256, size=ref.bytes)
+        return ref
+
+    def commit(self, seq: int, rows: list[dict[str, Any]], metrics: Mapping[str, Any], checkpoint: Checkpoint,
+               log: logging.Logger) -> None:
+        checkpoint.save(f"the checkpoint after batch {seq}")  # a batch counts as trained once its checkpoint does
+        log.info(_step_line(seq, rows))
+
+    def finish(self, checkpoint: Checkpoint, log: logging.Logger) -> None:
+        pass  # every trained batch is checkpointed already
 
 
 def run_learn(options: LearnOptions, *, log: logging.Logger | None = None,
-              on_progress: Callable[[LearnProgress], None] | None = None) -> LearnResult:
+              on_progress: Callable[[TrainProgress], None] | None = None) -> TrainResult:
     """Train on the feeds until the run's end (or ``max_batches``); see the module docstring."""
-    options.check()
-    log = log or logger
-    if options.torch_threads > 0:
-        torch.set_num_threads(options.torch_threads)
-    device = torch.device(options.device) if options.device else best_device()
-    checkpoint_dir = Path(options.checkpoint_dir)
-    weights_dir = checkpoint_dir / WEIGHTS_DIR
-    model = build_policy(options.seed, device)
-    model.train()
-    state = TrainState(model, torch.optim.Adam(model.parameters(), lr=options.lr))
-    feeds = {rank: ShardFeed(options.bootstrap_servers, rank=rank, dp_size=options.dp_size,
-                             shards_root=options.shards_root, topic_prefix=options.topic_prefix,
-                             timeout_s=options.timeout_s, **options.kafka) for rank in options.ranks}
-    flow = TrainerFlow(feeds, {"bootstrap_servers": options.bootstrap_servers, **options.kafka},
-                       Topics(prefix=options.topic_prefix))
-    publisher = options.ranks[0]
-    shape = {**options.shape(), "topic": next(iter(feeds.values())).topic}
-    began: float | None = None
-    try:
-        resumed = state.load(checkpoint_dir, feeds, shape)
-        resumed_from = len(state.trained)
-        weights = _PublishedWeights(state.extra.get("versions") or {}, device)
-        version = state.trained[-1] + 1 if state.trained else 0
-        if resumed:
-            log.info("resumed from checkpoint=%s batches=%d weights version=%d", checkpoint_dir / CHECKPOINT_NAME,
-                     resumed_from, version)
-        else:  # the initial weights, verified like every later version, before any generator needs them
-            ref = wait_for_disk(lambda: save_checkpoint(model, weights_dir, 0, 0), "weights version 0")
-            weights.add(ref)
-            _publish(feeds, publisher, ref)
-            log.info("published weights version=0 path=%s sha256=%s", ref.path, ref.sha256)
-        while options.max_batches is None or len(state.trained) < options.max_batches:
-            batches = flow.next_batches()
-            if batches is None:
-                break
-            began = time.monotonic() if began is None else began
-            seq = batches[0].seq
-            state.optimizer.zero_grad(set_to_none=True)
-            rows = []
-            for batch in batches:
-                loss, row = rank_loss(model, weights, version, batch, options)
-                (loss / len(batches)).backward()  # summed over ranks: the all-reduced gradient
-                rows.append({**row, "elapsed_s": round(time.monotonic() - began, 3)})
-            state.optimizer.step()
-            version = seq + 1
-            ref = wait_for_disk(lambda: save_checkpoint(model, weights_dir, version, seq), f"weights version {version}")
-            weights.add(ref)
-            _publish(feeds, publisher, ref)  # the new weights are live: generators load them between steps
-            state.trained.append(seq)
-            flow.stepped()
-            state.history.extend(rows)
-            state.extra["versions"] = weights.refs
-            wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), f"the checkpoint after batch {seq}")
-            log.info(_step_line(seq, rows))
-            if on_progress is not None:
-                reward = sum(r["reward_mean"] for r in rows) / len(rows)
-                on_progress(LearnProgress(len(state.trained), seq, mean_loss(state.history, seq), reward))
-        flow.finish()
-    finally:
-        flow.close()
-        for feed in feeds.values():
-            feed.close()
-    last = state.trained[-1] if state.trained else None
-    return LearnResult(batches=len(state.trained), batches_this_run=len(state.trained) - resumed_from,
-                       last_seq=last, final_loss=None if last is None else mean_loss(state.history, last),
-                       resumed_from=resumed_from, checkpoint=checkpoint_dir / CHECKPOINT_NAME, version=version)
+    return run_training(options, LearnStep, log=log or logger, on_progress=on_progress)

@@ -8,11 +8,11 @@ Contract:
   goes to a temporary name in the same directory, is fsync'd and ``os.replace``'d, so no reader
   sees a partial file; the manifest is written last (and removed first on a rewrite), so a
   manifest on disk means the batch is complete. Leftover temporary files are removed.
-* A shard stores ragged fields flat, with zero padding (``SHARD_FIELDS``): ``tokens`` int32 +
-  ``tokens_offsets`` int64 [S+1]; ``loss_masks`` uint8, ``rollout_log_probs`` float32 and
-  ``rollout_token_versions`` int64 (the weight version of each token, -1 where not generated) over all
-  response tokens in sample order; the sampling masks as one CSR over the shard's response tokens
-  (``rollout_sampling_mask_ids`` int32, ``rollout_sampling_mask_offsets`` int64 [R+1]); per-sample
+* A shard stores ragged fields flat, with zero padding: the tensors of
+  ``rollout_bus.model.shard_tensors`` (``SHARD_FIELDS``): ``tokens`` int32 + ``tokens_offsets``
+  int64 [S+1]; ``loss_masks`` uint8, ``rollout_log_probs`` float32 and ``rollout_token_versions``
+  int64 (the weight version of each token, -1 where not generated) over all response tokens in
+  sample order; the sampling masks as one CSR over the shard's response tokens; per-sample
   scalars [S]. The safetensors metadata is one key, ``rollout_bus``, so headers are deterministic.
 * Output is a pure function of the input: writing the same batch twice gives byte-identical
   files. The manifest (JSON, sorted keys, no timestamps) lists each shard's path (relative to the
@@ -43,33 +43,13 @@ from safetensors import SafetensorError, safe_open
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.model.files import TMP_SUFFIX, fsync_dir, write_atomic
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
+from rollout_bus.model.shard_tensors import MASK_IDS, MASK_OFFSETS, TOKENS_OFFSETS, check_shard_tensors, shard_tensors
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _META_KEY = "rollout_bus"
-
-# (train-data key, shard tensor, dtype, kind, required); kind: "sample" = one value per sample,
-# "response" = flat over response tokens, "tokens" = flat over all tokens with tokens_offsets.
-# Write and load are both driven by this table; the mask CSR pair is handled beside it.
-SHARD_FIELDS: tuple[tuple[str, str, str, str, bool], ...] = (
-    ("tokens", "tokens", "int32", "tokens", True),
-    ("response_lengths", "response_lengths", "int64", "sample", True),
-    ("loss_masks", "loss_masks", "uint8", "response", True),
-    ("rollout_log_probs", "rollout_log_probs", "float32", "response", False),
-    ("rollout_token_versions", "rollout_token_versions", "int64", "response", False),
-    ("rewards", "rewards", "float32", "sample", True),
-    ("raw_reward", "raw_rewards", "float32", "sample", True),
-    ("truncated", "truncated", "uint8", "sample", True),
-    ("rollout_ids", "rollout_ids", "int64", "sample", True),
-    ("sample_indices", "sample_indices", "int64", "sample", True),
-    ("group_indices", "group_indices", "int64", "sample", True),
-    ("adapter_slots", "adapter_slots", "int64", "sample", True),
-    ("partition", "partition", "int64", "sample", True),
-)
-_MASK_IDS, _MASK_OFFSETS = "rollout_sampling_mask_ids", "rollout_sampling_mask_offsets"
-_TOKENS_OFFSETS = "tokens_offsets"
 
 
 def batch_path(out_dir: str | os.PathLike[str], seq: int) -> Path:
@@ -84,91 +64,6 @@ def _shard_name(rank: int) -> str:
 
 
 # ---------------------------------------------------------------------------- writing
-
-
-def _cast(value: Any, dtype: str, name: str, where: str) -> np.ndarray:
-    """One contiguous 1-D array of the shard dtype; integers must fit it exactly."""
-    arr, target = np.asarray(value), np.dtype(dtype)
-    if arr.size == 0:
-        return np.zeros(0, target)
-    if arr.ndim != 1:
-        raise ContractError(must_be(name, "one-dimensional per sample", f"shape {arr.shape}", where=where))
-    if target.kind in "iu":
-        if arr.dtype.kind not in "iub":
-            raise ContractError(must_be(name, "integers", f"dtype {arr.dtype}", where=where))
-        info, low, high = np.iinfo(target), int(arr.min()), int(arr.max())
-        if low < info.min or high > info.max:
-            raise ContractError(must_be(name, f"values that fit {target}", (low, high), where=where))
-    elif arr.dtype.kind not in "iubf":
-        raise ContractError(must_be(name, "real numbers", f"dtype {arr.dtype}", where=where))
-    return np.ascontiguousarray(arr, dtype=target)
-
-
-def _joined(values: Sequence[Any], dtype: str, name: str, where: str) -> np.ndarray:
-    """Concatenate per-sample arrays in sample order (empty ones are skipped: ``[]`` is float)."""
-    parts = [_cast(v, dtype, name, where) for v in values]
-    parts = [p for p in parts if p.size]
-    return np.concatenate(parts) if parts else np.zeros(0, np.dtype(dtype))
-
-
-def _mask_csr(rank_data: Mapping[str, Any], lengths: list[int], where: str) -> dict[str, np.ndarray]:
-    """Join the per-sample CSR masks into one CSR over the shard's response tokens."""
-    ids_list, offsets_list = rank_data[_MASK_IDS], rank_data[_MASK_OFFSETS]
-    parts, base = [np.zeros(1, np.int64)], 0
-    for i, (ids, offsets) in enumerate(zip(ids_list, offsets_list, strict=True)):
-        offsets = _cast(offsets, "int64", _MASK_OFFSETS, where)
-        if offsets.size != lengths[i] + 1 or offsets[0] != 0 or offsets[-1] != len(ids):
-            raise ContractError(
-                must_be(f"{_MASK_OFFSETS}[{i}]", f"a CSR of {lengths[i]} rows over {len(ids)} ids",
-                        f"{offsets.size} offsets ending at {int(offsets[-1]) if offsets.size else None}", where=where)
-            )
-        parts.append(offsets[1:] + base)
-        base += len(ids)
-    return {_MASK_IDS: _joined(ids_list, "int32", _MASK_IDS, where), _MASK_OFFSETS: np.concatenate(parts)}
-
-
-def _check_rank_data(rank_data: Mapping[str, Any], where: str) -> list[int]:
-    """Required keys present, per-sample keys of one length, token-aligned fields sized right."""
-    present = [f[0] for f in SHARD_FIELDS if f[0] in rank_data]
-    missing = [f[0] for f in SHARD_FIELDS if f[4] and f[0] not in rank_data]
-    if missing:
-        raise ContractError(must_be("rank data", f"a dict with keys {missing}", sorted(rank_data), where=where))
-    if (_MASK_IDS in rank_data) != (_MASK_OFFSETS in rank_data):
-        raise ContractError(must_be("rank data", f"both or neither of {_MASK_IDS}, {_MASK_OFFSETS}",
-                                    sorted(rank_data), where=where))
-    n = len(rank_data["tokens"])
-    for key in present + [k for k in (_MASK_IDS, _MASK_OFFSETS) if k in rank_data]:
-        if len(rank_data[key]) != n:
-            raise ContractError(must_be(f"len({key})", f"len(tokens)={n}", len(rank_data[key]), where=where))
-    lengths = [int(x) for x in rank_data["response_lengths"]]
-    for i, rl in enumerate(lengths):
-        if rl < 0 or len(rank_data["tokens"][i]) < rl:
-            raise ContractError(must_be(f"response_lengths[{i}]", f"in [0, len(tokens[{i}])]", rl, where=where))
-        for key in ("loss_masks", "rollout_log_probs", "rollout_token_versions"):
-            if key in rank_data and len(rank_data[key][i]) != rl:
-                raise ContractError(must_be(f"len({key}[{i}])", f"response_length={rl}", len(rank_data[key][i]),
-                                            where=where))
-    return lengths
-
-
-def shard_tensors(rank_data: Mapping[str, Any], where: str = "shard") -> dict[str, np.ndarray]:
-    """The flat, unpadded tensors of one rank's shard, in the dtypes of ``SHARD_FIELDS``."""
-    lengths = _check_rank_data(rank_data, where)
-    tensors: dict[str, np.ndarray] = {}
-    for key, name, dtype, kind, _ in SHARD_FIELDS:
-        if key not in rank_data:
-            continue
-        values = rank_data[key]
-        if kind == "sample":
-            tensors[name] = _cast(list(values), dtype, name, where)
-        else:
-            tensors[name] = _joined(values, dtype, name, where)
-        if kind == "tokens":
-            counts = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-            tensors[_TOKENS_OFFSETS] = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts)])
-    if _MASK_IDS in rank_data:
-        tensors.update(_mask_csr(rank_data, lengths, where))
-    return tensors
 
 
 def _remove_temporaries(directory: Path) -> None:
@@ -262,7 +157,7 @@ def write_batch_shards(
         "dp_size": len(entries),
         "has_rollout_log_probs": all("rollout_log_probs" in r for r in rank_datas),
         "has_rollout_token_versions": all("rollout_token_versions" in r for r in rank_datas),
-        "has_sampling_masks": all(_MASK_IDS in r for r in rank_datas),
+        "has_sampling_masks": all(MASK_IDS in r for r in rank_datas),
         "num_samples": sum(e["num_samples"] for e in entries),
         "num_tokens": sum(e["num_tokens"] for e in entries),
         "num_response_tokens": sum(e["num_response_tokens"] for e in entries),
@@ -341,51 +236,6 @@ class ShardSample:
     rollout_token_versions: Any | None = None  # per response token, -1 where not generated
 
 
-def _shard_problem(path: Path, name: str, expected: str, got: Any) -> ContractError:
-    return ContractError(must_be(name, expected, got, where=f"shard {path}"))
-
-
-def _check_offsets(path: Path, name: str, offsets: np.ndarray, rows: int, end: int, strict: bool) -> None:
-    steps = np.diff(offsets)
-    if offsets.size != rows + 1 or offsets[0] != 0 or offsets[-1] != end:
-        raise _shard_problem(path, name, f"{rows + 1} offsets from 0 to {end}",
-                             f"{offsets.size} offsets {offsets[:1].tolist()}..{offsets[-1:].tolist()}")
-    if steps.size and int(steps.min()) < (1 if strict else 0):
-        raise _shard_problem(path, name, "strictly increasing" if strict else "non-decreasing", int(steps.min()))
-
-
-def _check_shard(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Every tensor known, 1-D, of its dtype, and every offsets array consistent with its data."""
-    expected = {name: (dtype, required) for _, name, dtype, _, required in SHARD_FIELDS}
-    expected[_TOKENS_OFFSETS] = ("int64", True)
-    expected[_MASK_IDS], expected[_MASK_OFFSETS] = ("int32", False), ("int64", False)
-    for name, arr in arrays.items():
-        if name not in expected:
-            raise _shard_problem(path, "tensor name", f"one of {sorted(expected)}", name)
-        if arr.ndim != 1 or arr.dtype != np.dtype(expected[name][0]):
-            raise _shard_problem(path, name, f"1-D {expected[name][0]}", f"{arr.dtype} {list(arr.shape)}")
-    missing = sorted(n for n, (_, req) in expected.items() if req and n not in arrays)
-    if missing or ((_MASK_IDS in arrays) != (_MASK_OFFSETS in arrays)):
-        raise _shard_problem(path, "tensors", "complete (mask ids and offsets together)", missing or sorted(arrays))
-    lengths = arrays["response_lengths"]
-    samples = lengths.size
-    for _, name, _, kind, _ in SHARD_FIELDS:
-        if kind == "sample" and arrays[name].size != samples:
-            raise _shard_problem(path, f"len({name})", f"num samples={samples}", arrays[name].size)
-    _check_offsets(path, _TOKENS_OFFSETS, arrays[_TOKENS_OFFSETS], samples, arrays["tokens"].size, strict=False)
-    if samples and (int(lengths.min()) < 0 or np.any(lengths > np.diff(arrays[_TOKENS_OFFSETS]))):
-        raise _shard_problem(path, "response_lengths", "in [0, sample token count]", lengths.tolist())
-    total = int(lengths.sum())
-    for _, name, _, kind, _ in SHARD_FIELDS:
-        if kind == "response" and name in arrays and arrays[name].size != total:
-            raise _shard_problem(path, f"len({name})", f"total response tokens={total}", arrays[name].size)
-    if _MASK_IDS in arrays:
-        ids = arrays[_MASK_IDS]
-        _check_offsets(path, _MASK_OFFSETS, arrays[_MASK_OFFSETS], total, ids.size, strict=True)
-        if ids.size and int(ids.min()) < 0:
-            raise _shard_problem(path, _MASK_IDS, "non-negative", int(ids.min()))
-
-
 class ShardView:
     """One loaded shard: ``tensors`` (torch, as ``safetensors.torch.load_file`` gives them),
     ``metadata`` (seq, rank, format_version) and per-sample records via ``samples()``."""
@@ -395,7 +245,7 @@ class ShardView:
         self.tensors = tensors
         self.metadata = metadata
         self._arrays = {name: t.numpy() for name, t in tensors.items()}
-        _check_shard(path, self._arrays)
+        check_shard_tensors(path, self._arrays)
 
     def __len__(self) -> int:
         return int(self._arrays["response_lengths"].size)
@@ -405,12 +255,12 @@ class ShardView:
 
     @property
     def has_sampling_masks(self) -> bool:
-        return _MASK_IDS in self._arrays
+        return MASK_IDS in self._arrays
 
     def samples(self) -> Iterator[ShardSample]:
         """Yield every sample in shard order; masks are rebased copies (a mask owns its storage)."""
         t, a = self.tensors, self._arrays
-        token_offsets = a[_TOKENS_OFFSETS].tolist()
+        token_offsets = a[TOKENS_OFFSETS].tolist()
         lengths = a["response_lengths"].tolist()
         scalars = {name: a[name].tolist() for name in ("rewards", "raw_rewards", "truncated", "rollout_ids",
                                                          "sample_indices", "group_indices", "adapter_slots",
@@ -439,11 +289,11 @@ class ShardView:
             response_start = response_end
 
     def _mask(self, start: int, end: int) -> RolloutSamplingMask | None:
-        if _MASK_IDS not in self._arrays:
+        if MASK_IDS not in self._arrays:
             return None
-        offsets = self._arrays[_MASK_OFFSETS][start:end + 1]
+        offsets = self._arrays[MASK_OFFSETS][start:end + 1]
         first, last = int(offsets[0]), int(offsets[-1])
-        ids = np.array(self._arrays[_MASK_IDS][first:last], dtype=np.int32, copy=True)
+        ids = np.array(self._arrays[MASK_IDS][first:last], dtype=np.int32, copy=True)
         return RolloutSamplingMask._from_trusted(ids, offsets - first)
 
 

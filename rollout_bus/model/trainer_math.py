@@ -231,6 +231,24 @@ def shard_support_log_probs(logits: torch.Tensor, tensors: Mapping[str, Any]) ->
     return support_log_probs(logits, targets, ids, mask_offsets)
 
 
+def _check_loss_inputs(new_log_probs: Any, rollout_log_probs: Any, advantages: Any, loss_mask: Any,
+                       old_log_probs: Any, *, clip_eps: float, tis_clip: float) -> None:
+    """``grpo_tis_loss``'s arguments: per-token floats of one shape, a 0/1 mask of it, bounds in range."""
+    shape = _same_shape_floats(new_log_probs=new_log_probs, rollout_log_probs=rollout_log_probs,
+                               advantages=advantages)
+    if old_log_probs is not None:
+        _same_shape_floats(new_log_probs=new_log_probs, old_log_probs=old_log_probs)
+    if not isinstance(loss_mask, torch.Tensor) or loss_mask.shape != shape:
+        got = list(loss_mask.shape) if isinstance(loss_mask, torch.Tensor) else type(loss_mask).__name__
+        raise _problem("loss_mask", f"a tensor of the shape of new_log_probs {list(shape)}", got)
+    if loss_mask.numel() and not bool(((loss_mask == 0) | (loss_mask == 1)).all()):
+        raise _problem("loss_mask", "0 or 1 everywhere", loss_mask.unique().tolist())
+    if not 0 <= clip_eps < 1:
+        raise _problem("clip_eps", "in [0, 1)", clip_eps)
+    if not tis_clip > 0:
+        raise _problem("tis_clip", "> 0", tis_clip)
+
+
 def grpo_tis_loss(new_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, advantages: torch.Tensor,
                   loss_mask: torch.Tensor, *, clip_eps: float = 0.2, tis_clip: float = 2.0,
                   old_log_probs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
@@ -258,19 +276,8 @@ def grpo_tis_loss(new_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, 
     ``clip_fraction`` (tokens where the clipped term is the one taken and differs), and
     ``tis_truncated_fraction``.
     """
-    shape = _same_shape_floats(new_log_probs=new_log_probs, rollout_log_probs=rollout_log_probs,
-                               advantages=advantages)
-    if old_log_probs is not None:
-        _same_shape_floats(new_log_probs=new_log_probs, old_log_probs=old_log_probs)
-    if not isinstance(loss_mask, torch.Tensor) or loss_mask.shape != shape:
-        got = list(loss_mask.shape) if isinstance(loss_mask, torch.Tensor) else type(loss_mask).__name__
-        raise _problem("loss_mask", f"a tensor of the shape of new_log_probs {list(shape)}", got)
-    if loss_mask.numel() and not bool(((loss_mask == 0) | (loss_mask == 1)).all()):
-        raise _problem("loss_mask", "0 or 1 everywhere", loss_mask.unique().tolist())
-    if not 0 <= clip_eps < 1:
-        raise _problem("clip_eps", "in [0, 1)", clip_eps)
-    if not tis_clip > 0:
-        raise _problem("tis_clip", "> 0", tis_clip)
+    _check_loss_inputs(new_log_probs, rollout_log_probs, advantages, loss_mask, old_log_probs,
+                       clip_eps=clip_eps, tis_clip=tis_clip)
     keep = loss_mask.to(torch.bool)
     baseline = (rollout_log_probs if old_log_probs is None else old_log_probs).detach()
     log_ratio = new_log_probs - baseline

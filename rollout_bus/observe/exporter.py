@@ -44,7 +44,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from rollout_bus.kafka.clients import KafkaError
 from rollout_bus.observe.metrics_view import metric_series
 from rollout_bus.observe.live_feed import MetricsFeed
-from rollout_bus.wire.records import METRIC_PREFIX
+from rollout_bus.wire.flow_metrics import DISCARDED_TOKENS, RESPONSE_TOKENS
+from rollout_bus.wire.metrics_records import METRIC_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +149,10 @@ def flow_families(flow: dict[str, Any] | None) -> list[Metric]:
                                  "summed over the batches", labels=["cause"])
     totals = flow["batch_totals"]
     for key, value in totals.items():
-        if key.startswith(f"{METRIC_PREFIX}flow/discarded_tokens/"):
+        if key.startswith(METRIC_PREFIX + DISCARDED_TOKENS):
             tokens.add_metric([key.rsplit("/", 1)[1]], value)
     families: list[Metric] = [*gauges.values(), *counters.values(), tokens]
-    response = totals.get(f"{METRIC_PREFIX}flow/response_tokens")
+    response = totals.get(METRIC_PREFIX + RESPONSE_TOKENS)
     if response is not None:
         families.append(CounterMetricFamily("rollout_flow_response_tokens", "response tokens of every episode the "
                                             "batches decided on (written and stale)", value=response))

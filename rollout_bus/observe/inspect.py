@@ -40,7 +40,7 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError, ContractError
 from rollout_bus.kafka.reader import fetch_record
 from rollout_bus.wire.positions import Position, parse_position, topic_kind
-from rollout_bus.wire.records import TURN_FIELDS, decode_episode
+from rollout_bus.wire.episode_record import TURN_FIELDS, decode_episode
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import Sample
 

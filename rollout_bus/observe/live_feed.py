@@ -6,7 +6,7 @@ Contract: ``MetricsFeed(conn, topics, groups, adapter=None, history=None)`` read
 group-less ``TopicReader`` (``history=N``: only the last N records of each partition);
 ``catch_up()`` reads everything there is now, ``refresh()`` what arrived since, ``snapshot()``
 is the view's JSON with the lag rows of ``groups`` (``(group, topic)`` pairs), the DLQ's total,
-and ``trainer`` (``MetricsView.snapshot``): the newest ``records.WeightVersion`` a
+and ``trainer`` (``MetricsView.snapshot``): the newest ``weight_version.WeightVersion`` a
 ``kafka.weights.WeightWatcher`` read from rollout.weights (always from its beginning: the topic is
 compacted, ``history`` does not apply). A run without rollout.weights (no trainer publishing, or
 an older run) is normal: until the topic exists (looked for again at most every

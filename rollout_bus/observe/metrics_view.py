@@ -3,8 +3,8 @@
 Contract:
 
 * ``MetricsView.add_metrics(value)`` takes rollout.metrics values in topic order. Window records
-  (``records.window_metrics_record``) arrive as per ``(window, adapter, source partition)`` partials;
-  a window's view is ``records.fold_window_records`` of them (the last record of each partial, their
+  (``metrics_records.window_metrics_record``) arrive as per ``(window, adapter, source partition)`` partials;
+  a window's view is ``metrics_records.fold_window_records`` of them (the last record of each partial, their
   ``EpisodeStats`` merged in partition order; unreadable ``stats`` are left out). When no partial
   carries readable ``stats`` the window is taken as given: the latest partial's metrics, the
   partials' episodes summed. Batch records are kept by batch sequence (a re-announced batch counts
@@ -16,9 +16,9 @@ Contract:
 * ``snapshot(...)`` is plain JSON-ready data: what ``rollout-bus tail --once --json`` prints and what
   the exporter turns into Prometheus series. Unreadable records are counted (``skipped``), never fatal.
   ``staleness`` is ``staleness_rows`` of the latest batch's metrics; ``trainer`` is the
-  ``records.WeightVersion`` handed in as ``weights`` (``weight_version``, ``step``,
+  ``weight_version.WeightVersion`` handed in as ``weights`` (``weight_version``, ``step``,
   ``published_at``), all None when there is none (no rollout.weights, or nothing published). ``flow``
-  is ``flow()``: ``sources``, the latest flow record (``records.flow_metrics_record``) of each (stage,
+  is ``flow()``: ``sources``, the latest flow record (``flow_metrics.flow_metrics_record``) of each (stage,
   source) as ``{"stage", "source", "elapsed_s", "final", "metrics"}``, and ``batch_totals``, every batch's
   ``rollout/flow/discarded_tokens/*`` and ``rollout/flow/response_tokens`` summed over distinct batches.
 * ``staleness_rows(metrics)``: one row per scope holding ``staleness/*`` keys
@@ -38,7 +38,9 @@ from typing import Any
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import METRIC_PREFIX, WeightVersion, fold_window_records, prefixed
+from rollout_bus.wire.flow_metrics import DISCARDED_TOKENS, RESPONSE_TOKENS
+from rollout_bus.wire.metrics_records import METRIC_PREFIX, fold_window_records, prefixed
+from rollout_bus.wire.weight_version import WeightVersion
 from rollout_bus.wire.rollout_key import rollout_key_adapter
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ WindowId = tuple[int, int, str | None]  # start_ms, end_ms, adapter
 _ADAPTER_SCOPE = "adapter/"
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 _STALENESS = "staleness/"
-FLOW_TOTALS = (f"{METRIC_PREFIX}flow/discarded_tokens/", f"{METRIC_PREFIX}flow/response_tokens")  # summed over batches
+FLOW_TOTALS = (METRIC_PREFIX + DISCARDED_TOKENS, METRIC_PREFIX + RESPONSE_TOKENS)  # summed over batches
 STALENESS_STATS = ("mean", "max", "oldest")
 
 

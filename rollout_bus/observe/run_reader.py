@@ -15,7 +15,7 @@ from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.reader import TopicReader, topic_names
 from rollout_bus.observe.report import RawRun
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.wire.topics import Topics
+from rollout_bus.wire.topics import METRICS_TOPIC, Topics
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def present_topics(conn: Mapping[str, Any], topics: Topics) -> list[str]:
     found = topic_names(conn)
     present = [name for name in topics.names() if name in found]
     if not present:
-        suffix = "rollout.metrics"
+        suffix = METRICS_TOPIC
         runs = sorted(t[: -len(suffix)] or "(no prefix)" for t in found if t.endswith(suffix))
         latest = [r for r in runs if r.startswith("demo-")][-6:] or runs[-6:]  # demo prefixes sort by time
         raise BrokerError(f"no topic {topics.metrics!r} (nor any other of this run) on the cluster; "

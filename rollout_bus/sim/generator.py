@@ -110,7 +110,7 @@ def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) ->
     with torch_threads(settings.torch_threads):
         policy = Policy(settings.vocab_size, settings.seed, dim=settings.policy_dim)
         env = ToolEnvironment(settings.vocab_size)
-        for group in plan_groups(settings):
+        for group in plan_groups(**settings.group_plan()):
             if gate is not None:
                 gate.admit(group.group_index)
             started: list[int] = [settings.policy_version]  # the live version when the round began
@@ -166,4 +166,5 @@ def publish_generated(settings: GenerateSettings, publisher, progress: ProgressF
             plan = FaultPlan(settings, parse_adapters(settings.adapters)[0])
             summary.faults = plan.publish(publisher, last_final, summary.episodes)
 
-    return publish_turns(settings, iter_turns(settings, gate), publisher, progress, gate, faults)
+    return publish_turns(iter_turns(settings, gate), publisher, run_id=settings.run_id, end_of_run=settings.end_of_run,
+                         progress=progress, gate=gate, before_flush=faults)

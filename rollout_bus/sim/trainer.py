@@ -8,7 +8,8 @@ checkpoint was and trains exactly the batches after it again.
 
 Contract:
 
-* ``run_train_sim(options, *, log=None, on_progress=None) -> TrainSimResult`` opens one
+* ``run_train_sim(options, *, log=None, on_progress=None) -> TrainResult`` runs the trainer loop
+  (``rollout_bus.consumers.feed.loop.run_training``) with this module's ``SimStep``: one
   ``rollout_bus.consumers.feed.trainer_feed.ShardFeed`` per rank of ``options.ranks``. Each step takes the next batch
   of every rank's feed (they must hold the same seq, else ``ContractError``), computes each rank's
   loss (``grpo_tis_loss`` of ``shard_support_log_probs`` when the shard has sampling masks, else of a
@@ -31,28 +32,26 @@ Contract:
   deterministic given the checkpoint, so a run killed between checkpoints and restarted ends with
   the same trained seqs and the same losses as an undisturbed one.
 * A full disk is waited out (``rollout_bus.model.files.wait_for_disk``), one WARNING line every 10 s.
-* The checkpoint, ``trained.jsonl`` and the run's reconciliation are ``rollout_bus.consumers.feed.training``'s,
-  shared with the real trainer (``rollout_bus.learn.trainer``).
+* The loop, the checkpoint, ``trained.jsonl`` and the run's reconciliation are ``rollout_bus.consumers.feed``'s
+  (``loop``, ``training``), shared with the real trainer (``rollout_bus.learn.trainer``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from rollout_bus.consumers.feed.trainer_feed import ShardFeed, TrainBatch
-from rollout_bus.wire.topics import Topics
-from rollout_bus.consumers.feed.training import CHECKPOINT_NAME, TrainerFlow, TrainState, mean_loss
+from rollout_bus.consumers.feed.loop import (Checkpoint, FeedOptions, Publish, TrainProgress, TrainResult, run_training,
+                                             step_over_ranks)
+from rollout_bus.consumers.feed.trainer_feed import TrainBatch
+from rollout_bus.consumers.feed.training import TrainState
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError, must_be
-from rollout_bus.model.files import wait_for_disk
 from rollout_bus.model.trainer_math import grpo_tis_loss, response_token_index, shard_support_log_probs
 
 logger = logging.getLogger(__name__)
@@ -63,36 +62,20 @@ _LOGGED_METRICS = ("episode_raw_reward", "response_len/mean")
 
 
 @dataclass
-class TrainSimOptions:
-    """What ``run_train_sim`` trains on and how."""
+class TrainSimOptions(FeedOptions):
+    """What ``run_train_sim`` trains on and how (the feed, the pause after each step: ``FeedOptions``)."""
 
-    bootstrap_servers: str
-    checkpoint_dir: Path
-    ranks: list[int] = field(default_factory=lambda: [0])
-    dp_size: int = 1
-    kafka: dict[str, Any] = field(default_factory=dict)  # further connection settings (SASL/SSL)
-    topic_prefix: str = ""
-    shards_root: Path | None = None
     checkpoint_every: int = 2
     seed: int = 0
     lr: float = 1e-3
     dim: int = 16
     vocab_size: int = DEFAULT_VOCAB_SIZE  # the generator's; shards do not record it
-    timeout_s: float = 600.0
-    max_batches: int | None = None
-    step_delay_s: float = 0.0  # a pause after each step: slows the trainer down for drills and demos
-    torch_threads: int = 1  # 0: torch's default
     publish_weights: bool = True  # after training batch k, version k + 1 goes to rollout.weights
 
     def check(self) -> None:
-        if not self.ranks or len(set(self.ranks)) != len(self.ranks):
-            raise ConfigError(must_be("ranks", "a non-empty list of distinct ranks", self.ranks))
-        if any(not 0 <= r < self.dp_size for r in self.ranks):
-            raise ConfigError(must_be("ranks", f"ranks in [0, dp_size = {self.dp_size})", self.ranks))
+        super().check()
         if self.checkpoint_every < 1:
             raise ConfigError(must_be("checkpoint_every", ">= 1", self.checkpoint_every))
-        if self.max_batches is not None and self.max_batches < 0:
-            raise ConfigError(must_be("max_batches", ">= 0 or None", self.max_batches))
         if self.vocab_size < 2 or self.dim < 1:
             raise ConfigError(must_be("vocab_size, dim", ">= 2, >= 1", (self.vocab_size, self.dim)))
 
@@ -100,28 +83,6 @@ class TrainSimOptions:
         """What a checkpoint must agree on to be resumed with these options."""
         return {"vocab_size": self.vocab_size, "dim": self.dim, "ranks": list(self.ranks), "dp_size": self.dp_size,
                 "seed": self.seed}
-
-
-@dataclass
-class TrainSimResult:
-    batches: int  # trained in the whole training, resumed ones included
-    batches_this_run: int
-    last_seq: int | None
-    final_loss: float | None
-    resumed_from: int  # batches already trained by the checkpoint found at start
-    checkpoint: Path
-
-    def summary(self) -> str:
-        loss = "n/a" if self.final_loss is None else f"{self.final_loss:.6f}"
-        return (f"train-sim: trained batches={self.batches} (this run {self.batches_this_run}, resumed after "
-                f"{self.resumed_from}) last_seq={self.last_seq} final_loss={loss} checkpoint={self.checkpoint}")
-
-
-@dataclass
-class TrainSimProgress:
-    batches: int
-    last_seq: int | None
-    loss: float | None
 
 
 # ---------------------------------------------------------------------------- the policy and its loss
@@ -175,19 +136,16 @@ def rank_loss(policy: TinyPolicy, tensors: Mapping[str, torch.Tensor]) -> tuple[
     return grpo_tis_loss(new, rollout, advantages, tensors["loss_masks"])
 
 
-# ---------------------------------------------------------------------------- the loop
+# ---------------------------------------------------------------------------- the step
 
 
 def train_step(state: TrainState, batches: list[TrainBatch]) -> list[dict[str, Any]]:
     """One optimizer step over every rank's shard of one batch; a history row per rank."""
-    state.optimizer.zero_grad(set_to_none=True)
-    rows = []
-    for batch in batches:
+    def one_rank(batch: TrainBatch) -> tuple[torch.Tensor, dict[str, Any]]:
         loss, stats = rank_loss(state.policy, batch.tensors)
-        (loss / len(batches)).backward()  # summed over ranks: the all-reduced gradient
-        rows.append({"seq": batch.seq, "rank": batch.rank, "samples": len(batch), **stats})
-    state.optimizer.step()
-    return rows
+        return loss, {"seq": batch.seq, "rank": batch.rank, "samples": len(batch), **stats}
+
+    return step_over_ranks(state, batches, one_rank)
 
 
 def _step_line(seq: int, rows: list[dict[str, Any]], metrics: Mapping[str, Any]) -> str:
@@ -198,59 +156,48 @@ def _step_line(seq: int, rows: list[dict[str, Any]], metrics: Mapping[str, Any])
             f"samples={sum(r['samples'] for r in rows)} {shown}").rstrip()
 
 
+class SimStep:
+    """The stand-in's part of the loop: the tiny policy's update, version ``seq + 1`` announced after it (no
+    weights to fetch: generators only stamp and bound by it), a checkpoint every ``checkpoint_every`` batches,
+    logged after the batch's line, and one at the end."""
+
+    name = "train-sim"
+    version = None  # its versions are stamps, not told in the summary
+
+    def __init__(self, options: TrainSimOptions) -> None:
+        self.options = options
+        policy = build_policy(options.vocab_size, options.dim, options.seed)
+        self.state = TrainState(policy, torch.optim.Adam(policy.parameters(), lr=options.lr))
+
+    def shape(self) -> dict[str, Any]:
+        return self.options.shape()
+
+    def start(self, resumed: bool, next_seq: int | None, publish: Publish, log: logging.Logger) -> str:
+        return f"next_seq={next_seq}"
+
+    def train(self, batches: list[TrainBatch]) -> list[dict[str, Any]]:
+        return train_step(self.state, batches)
+
+    def ship(self, seq: int, publish: Publish) -> None:
+        if self.options.publish_weights:
+            publish(seq + 1, seq)
+
+    def commit(self, seq: int, rows: list[dict[str, Any]], metrics: Mapping[str, Any], checkpoint: Checkpoint,
+               log: logging.Logger) -> None:
+        log.info(_step_line(seq, rows, metrics))
+        if len(self.state.trained) % self.options.checkpoint_every == 0:
+            checkpoint.save("the checkpoint")
+            log.info("checkpoint batches=%d last_seq=%d path=%s", checkpoint.held, seq, checkpoint.path)
+
+    def finish(self, checkpoint: Checkpoint, log: logging.Logger) -> None:
+        trained = self.state.trained
+        if checkpoint.held != len(trained):
+            checkpoint.save("the checkpoint")
+            log.info("checkpoint batches=%d last_seq=%s path=%s (end)", len(trained),
+                     trained[-1] if trained else None, checkpoint.path)
+
+
 def run_train_sim(options: TrainSimOptions, *, log: logging.Logger | None = None,
-                  on_progress: Callable[[TrainSimProgress], None] | None = None) -> TrainSimResult:
+                  on_progress: Callable[[TrainProgress], None] | None = None) -> TrainResult:
     """Train on the feeds until the run's end (or ``max_batches``); see the module docstring."""
-    options.check()
-    log = log or logger
-    if options.torch_threads > 0:
-        torch.set_num_threads(options.torch_threads)
-    checkpoint_dir = Path(options.checkpoint_dir)
-    policy = build_policy(options.vocab_size, options.dim, options.seed)
-    state = TrainState(policy, torch.optim.Adam(policy.parameters(), lr=options.lr))
-    feeds = {rank: ShardFeed(options.bootstrap_servers, rank=rank, dp_size=options.dp_size,
-                             shards_root=options.shards_root, topic_prefix=options.topic_prefix,
-                             timeout_s=options.timeout_s, **options.kafka) for rank in options.ranks}
-    flow = TrainerFlow(feeds, {"bootstrap_servers": options.bootstrap_servers, **options.kafka},
-                       Topics(prefix=options.topic_prefix))
-    shape = {**options.shape(), "topic": next(iter(feeds.values())).topic}
-    try:
-        resumed = state.load(checkpoint_dir, feeds, shape)
-        resumed_from = len(state.trained)
-        if resumed:
-            log.info("resumed from checkpoint=%s batches=%d next_seq=%s", checkpoint_dir / CHECKPOINT_NAME,
-                     resumed_from, next(iter(feeds.values())).next_seq)
-        saved_at = resumed_from if resumed else -1
-        while options.max_batches is None or len(state.trained) < options.max_batches:
-            batches = flow.next_batches()
-            if batches is None:
-                break
-            seq = batches[0].seq
-            rows = train_step(state, batches)
-            if options.publish_weights:  # the new weights are live: generators may start the next batches
-                feeds[options.ranks[0]].publish_version(seq + 1, seq)
-            state.trained.append(seq)
-            flow.stepped()
-            state.history.extend(rows)
-            log.info(_step_line(seq, rows, batches[0].metrics))
-            if len(state.trained) % options.checkpoint_every == 0:
-                wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), "the checkpoint")
-                saved_at = len(state.trained)
-                log.info("checkpoint batches=%d last_seq=%d path=%s", saved_at, seq, checkpoint_dir / CHECKPOINT_NAME)
-            if on_progress is not None:
-                on_progress(TrainSimProgress(len(state.trained), seq, mean_loss(state.history, seq)))
-            if options.step_delay_s > 0:
-                time.sleep(options.step_delay_s)
-        if saved_at != len(state.trained):
-            wait_for_disk(lambda: state.save(checkpoint_dir, feeds, shape), "the checkpoint")
-            log.info("checkpoint batches=%d last_seq=%s path=%s (end)", len(state.trained),
-                     state.trained[-1] if state.trained else None, checkpoint_dir / CHECKPOINT_NAME)
-        flow.finish()
-    finally:
-        flow.close()
-        for feed in feeds.values():
-            feed.close()
-    last = state.trained[-1] if state.trained else None
-    return TrainSimResult(batches=len(state.trained), batches_this_run=len(state.trained) - resumed_from,
-                          last_seq=last, final_loss=None if last is None else mean_loss(state.history, last),
-                          resumed_from=resumed_from, checkpoint=checkpoint_dir / CHECKPOINT_NAME)
+    return run_training(options, SimStep, log=log or logger, on_progress=on_progress)

@@ -14,8 +14,9 @@ Contract:
   samples always give the same bytes. ``rollout_token_versions`` (added after the first writers)
   travels only when set: a sample without it encodes to the bytes it always did, and a payload
   without its tensor decodes to None, so older producers and stored state still decode.
-* ``_FIELDS`` (tensor fields: kind, wire dtype and bounds per part, nullable, strict) and
-  ``_META`` (JSON fields: plain types and converters) drive both directions; nothing else does.
+* The tables of ``rollout_bus.wire.sample_fields``, ``TENSOR_FIELDS`` (kind, wire dtype and bounds per
+  part, nullable, strict) and ``JSON_FIELDS`` (plain types and converters), drive both directions;
+  nothing else does.
 * ``COMPUTED_FIELDS`` (sent by default) excludes ``SAMPLING_MASK_FIELDS``: a mask is not looked at
   unless asked for, so the default payload of a sample with a mask is byte-identical to that of
   the same sample without one.
@@ -24,8 +25,8 @@ Contract:
   or the keyword arguments of ``decode_samples``). Duplicate JSON keys resolve last-wins, as in
   every JSON parser; in the header any data they orphan fails the tiling check.
 * The safetensors framing lives in ``rollout_bus.wire.safetensors_frame``, the JSON document (the
-  JSON-native check, and the fast writer and reader) in ``rollout_bus.wire.samples_json``: this module
-  keeps the field tables and the rules.
+  JSON-native check, and the fast writer and reader) in ``rollout_bus.wire.samples_json``, the field
+  tables in ``rollout_bus.wire.sample_fields``: this module keeps the rules.
 * Decoded tensors are read-only numpy views into the payload, an immutable ``bytes`` (a bytearray
   or memoryview is copied once first), so they never alias a buffer the caller may reuse.
   Metadata, prompts and dict rewards must be JSON-native (dicts with str keys, lists, str, int,
@@ -34,17 +35,17 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from operator import attrgetter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from rollout_bus.errors import CodecError, must_be
 from rollout_bus.wire.safetensors_frame import clip as _clip, loads as _loads, read_frame, write_frame
-from rollout_bus.wire.samples_json import MAX_JSON_DEPTH, dump_document, flat, json_native, load_document
-from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.wire.sample_fields import (JSON_ITEMS, JSON_VALUES, META_PART, META_TENSOR, SAMPLE_KEYS, TENSOR_FIELDS,
+                                            Field, Part, metadata_to_json, resolve_fields, typed)
+from rollout_bus.wire.samples_json import MAX_JSON_DEPTH, dump_document, load_document
+from rollout_bus.model.sample import Sample
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 
 __all__ = ["COMPUTED_FIELDS", "SAMPLING_MASK_FIELDS", "MAX_PAYLOAD_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_DEPTH",
@@ -52,171 +53,14 @@ __all__ = ["COMPUTED_FIELDS", "SAMPLING_MASK_FIELDS", "MAX_PAYLOAD_BYTES", "MAX_
 
 MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024 * 1024
-META_TENSOR = "_samples_meta"
 INTERNAL_ERROR = "internal decoder error"  # marks the safety net, so fuzz tests can tell it apart
-
-
-@dataclass(frozen=True)
-class _Part:
-    """One tensor of a field on the wire, named ``{name}.{i}``."""
-
-    name: str  # "tokens", "rollout_sampling_mask.ids", ...
-    wire: str  # safetensors dtype name
-    dtype: np.dtype
-    low: int | None = None  # inclusive value bounds: always checked on decode, on encode unless strict
-    high: int | None = None
-
-
-@dataclass(frozen=True)
-class _Field:
-    """The wire contract of one tensor field."""
-
-    name: str
-    kind: str  # "tensor": one array | "csr": a RolloutSamplingMask as ids + offsets
-    parts: tuple[_Part, ...]
-    nullable: bool  # None travels as a null marker
-    strict: bool  # encode never converts, only checks dtypes (the value is a validated object)
-    # a field added after the first writers: None travels as nothing at all (no null marker, no
-    # tensor), so a sample without it encodes to the bytes it always did and older payloads decode
-    absent_is_none: bool = False
-
-
-_I64, _U8, _F64, _I32 = (np.dtype(t) for t in ("<i8", "u1", "<f8", "<i4"))
-_META_PART = _Part(META_TENSOR, "U8", _U8)
-_FIELDS: dict[str, _Field] = {f.name: f for f in (
-    _Field("tokens", "tensor", (_Part("tokens", "I64", _I64),), nullable=False, strict=False),
-    _Field("loss_mask", "tensor", (_Part("loss_mask", "U8", _U8, None, 1),), nullable=True, strict=False),  # U8: >= 0
-    _Field("rollout_log_probs", "tensor", (_Part("rollout_log_probs", "F64", _F64),), nullable=True, strict=False),
-    _Field("rollout_token_versions", "tensor", (_Part("rollout_token_versions", "I64", _I64, -1),), nullable=True,
-           strict=False, absent_is_none=True),
-    _Field("rollout_sampling_mask", "csr", (_Part("rollout_sampling_mask.ids", "I32", _I32, 0),
-                                            _Part("rollout_sampling_mask.offsets", "I64", _I64)),
-           nullable=True, strict=True),
-)}
-SAMPLING_MASK_FIELDS: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if f.kind == "csr")
-COMPUTED_FIELDS: tuple[str, ...] = tuple(n for n in _FIELDS if n not in SAMPLING_MASK_FIELDS)
-
-
-# ---------------------------------------------------------------- JSON fields
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _refuse(expected: str) -> Callable[..., Any]:
-    """The converter of a field whose plain types are its only valid ones."""
-    def refuse(value: Any, name: str, where: str, floats: list | None = None) -> Any:
-        raise CodecError(must_be(name, expected, value, where=where))
-    return refuse
-
-
-def _typed(kind: type, expected: str) -> Callable[[Any, str, str], Any]:
-    """A converter that passes instances of ``kind`` unchanged."""
-    def check(value: Any, name: str, where: str) -> Any:
-        if not isinstance(value, kind):
-            raise CodecError(must_be(name, expected, value, where=where))
-        return value
-    return check
-
-
-def _int(value: Any, name: str, where: str, floats: list | None = None) -> int:
-    if not _is_int(value):
-        raise CodecError(must_be(name, "an integer or None", value, where=where))
-    return int(value)
-
-
-def _prompt_in(value: Any, name: str, where: str) -> list:
-    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
-        return value
-    raise CodecError(must_be(name, "a str or a list of dicts", value, where=where))
-
-
-def _prompt_out(value: Any, name: str, where: str, floats: list) -> list:
-    if type(value) is list and all(map(flat, value)):  # the hot case: messages of str fields
-        return value
-    return json_native(_prompt_in(value, name, where), name, where, floats)
-
-
-def _reward_out(value: Any, name: str, where: str, floats: list) -> float | int | dict:
-    if isinstance(value, dict):
-        return json_native(value, name, where, floats)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise CodecError(must_be(name, "a float, an int, a dict or None", value, where=where))
-    return int(value) if _is_int(value) else float(value)
-
-
-def _versions(value: Any, name: str, where: str, floats: list | None = None) -> list[str]:
-    if type(value) is list and {*map(type, value)} <= {str}:  # the hot case: a fresh copy, as below
-        return value[:]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise CodecError(must_be(name, "a list of str", value, where=where))
-    return list(value)
-
-
-_STATUSES = {s.value: s for s in Status}
-
-
-def _status_in(value: Any, name: str, where: str) -> Status:
-    if type(value) is str and value in _STATUSES:  # the hot case, without Enum's call machinery
-        return _STATUSES[value]
-    try:
-        return Status(value)
-    except ValueError:
-        raise CodecError(must_be(name, f"one of {[s.value for s in Status]}", value, where=where)) from None
-
-
-def _status_out(value: Any, name: str, where: str, floats: list | None = None) -> str:
-    return value.value if type(value) is Status else _status_in(value, name, where).value
-
-
-def _adapter_in(value: Any, name: str, where: str) -> AdapterRef:
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and _is_int(value[1])):
-        raise CodecError(must_be(name, "[adapter name, slot] or null", value, where=where))
-    return AdapterRef(value[0], int(value[1]))
-
-
-def _adapter_out(value: Any, name: str, where: str, floats: list | None = None) -> list:
-    if not isinstance(value, AdapterRef):
-        raise CodecError(must_be(name, "an AdapterRef or None", value, where=where))
-    if not (isinstance(value.name, str) and _is_int(value.slot)):
-        raise CodecError(must_be(name, "[adapter name, slot] or null", [value.name, value.slot], where=where))
-    return [value.name, int(value.slot)]
-
-
-def _metadata(value: Any, name: str, where: str, floats: list) -> dict:
-    if not isinstance(value, dict):
-        raise CodecError(must_be(name, "a dict", value, where=where))
-    return json_native(value, name, where, floats)
-
-
-_NONE = type(None)
-# name -> (plain types, to JSON, from JSON). A value whose exact type is plain passes as is (the
-# hot path); any other goes through the converter, which checks it (and on encode normalises it,
-# adding the floats it holds to the document's list). Both sides check alike, so encode never
-# ships what decode refuses. Freshly parsed JSON is native already: decode walks no dict again.
-_META: dict[str, tuple[tuple[type, ...], Callable, Callable]] = {
-    "group_index": ((int, _NONE), _int, _int),
-    "index": ((int, _NONE), _int, _int),
-    "rollout_id": ((int, _NONE), _int, _int),
-    "prompt": ((str,), _prompt_out, _prompt_in),
-    "response": ((str,), _refuse("a str"), _refuse("a str")),
-    "response_length": ((int,), _int, _refuse("an integer")),  # validate() refuses negatives
-    "label": ((str, _NONE), _refuse("a str or None"), _refuse("a str or None")),
-    "reward": ((float, int, _NONE), _reward_out, _typed(dict, "a float, an int, a dict or None")),
-    "weight_versions": ((), _versions, _versions),
-    "remove_sample": ((bool,), _refuse("a bool"), _refuse("a bool")),
-    "status": ((), _status_out, _status_in),
-    "metadata": ((), _metadata, _typed(dict, "a dict")),
-    "adapter": ((_NONE,), _adapter_out, _adapter_in),
-}
-_SAMPLE_KEYS = frozenset(_META) | {"nulls"}
-_META_ITEMS = tuple((name, *converters) for name, converters in _META.items())
-_META_VALUES = attrgetter(*_META)  # a sample's values of the _META fields, in one call
+SAMPLING_MASK_FIELDS: tuple[str, ...] = tuple(n for n, f in TENSOR_FIELDS.items() if f.kind == "csr")
+COMPUTED_FIELDS: tuple[str, ...] = tuple(n for n in TENSOR_FIELDS if n not in SAMPLING_MASK_FIELDS)
 
 
 # ---------------------------------------------------------------- tensor kinds
 
-def _to_wire_array(value: Any, part: _Part, where: str) -> np.ndarray:
+def _to_wire_array(value: Any, part: Part, where: str) -> np.ndarray:
     """The value as a contiguous 1-D array of the wire dtype; refuse conversions that change a value."""
     if type(value) is np.ndarray and value.dtype == part.dtype and value.ndim == 1:
         return np.ascontiguousarray(value)
@@ -243,7 +87,7 @@ def _to_wire_array(value: Any, part: _Part, where: str) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _csr_in(spec: _Field, arrays: list[np.ndarray], where: str) -> RolloutSamplingMask:
+def _csr_in(spec: Field, arrays: list[np.ndarray], where: str) -> RolloutSamplingMask:
     """Check the CSR structure vectorised (ids bounds are part bounds), then wrap the views as they are."""
     ids, offsets = arrays
     name = spec.parts[1].name
@@ -261,7 +105,7 @@ def _csr_in(spec: _Field, arrays: list[np.ndarray], where: str) -> RolloutSampli
     return RolloutSamplingMask._from_trusted(ids, offsets)
 
 
-def _check_bounds(arr: np.ndarray, part: _Part, where: str) -> None:
+def _check_bounds(arr: np.ndarray, part: Part, where: str) -> None:
     """Values must lie within the part's bounds (loss_mask is 0 or 1, ids are >= 0)."""
     if part.low is not None and arr.size and arr.min() < part.low:
         bad = int(np.argmax(arr < part.low))
@@ -269,24 +113,6 @@ def _check_bounds(arr: np.ndarray, part: _Part, where: str) -> None:
     if part.high is not None and arr.size and arr.max() > part.high:
         bad = int(np.argmax(arr > part.high))
         raise CodecError(must_be(f"{part.name}[{bad}]", f"<= {part.high}", arr[bad].item(), where=where))
-
-
-_RESOLVED: dict[tuple, tuple[_Field, ...]] = {}
-
-
-def _resolve(fields: Any) -> tuple[_Field, ...]:
-    """The table entries for ``fields`` in table order, so the order given does not change the bytes."""
-    if type(fields) is tuple and fields in _RESOLVED:
-        return _RESOLVED[fields]
-    if isinstance(fields, str) or not isinstance(fields, Sequence):
-        raise CodecError(must_be("fields", "a tuple of field names", fields))
-    names = list(fields)
-    if any(not isinstance(n, str) or n not in _FIELDS for n in names) or len(set(names)) != len(names):
-        raise CodecError(must_be("fields", f"distinct names among {list(_FIELDS)}", fields))
-    resolved = tuple(f for n, f in _FIELDS.items() if n in names)
-    if type(fields) is tuple:
-        _RESOLVED[fields] = resolved
-    return resolved
 
 
 # ---------------------------------------------------------------- encode
@@ -299,20 +125,20 @@ def encode_samples(samples: Sequence[Sample], fields: Sequence[str] = COMPUTED_F
         CodecError: a sample is invalid, a value does not fit its wire dtype or JSON, or the
             payload would exceed the size caps; the message names the sample position and field.
     """
-    specs = _resolve(fields)
+    specs = resolve_fields(fields)
     floats: list = []  # every float in the document (see samples_json.json_native)
-    metadata = _metadata({} if metadata is None else metadata, "metadata", "encode_samples", floats)
+    metadata = metadata_to_json({} if metadata is None else metadata, "metadata", "encode_samples", floats)
     try:
         samples = list(samples)
     except TypeError as exc:
         raise CodecError(must_be("samples", "a sequence of Sample", type(samples).__name__)) from exc
     tensors: list[tuple[str, str, np.ndarray]] = []
     entries = [_encode_sample(i, sample, specs, tensors, floats) for i, sample in enumerate(samples)]
-    tensors.append((META_TENSOR, _META_PART.wire, np.frombuffer(dump_document(metadata, entries, floats), dtype=_U8)))
+    tensors.append((META_TENSOR, META_PART.wire, np.frombuffer(dump_document(metadata, entries, floats), dtype=META_PART.dtype)))
     return write_frame(tensors, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES)
 
 
-def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list, floats: list) -> dict:
+def _encode_sample(i: int, sample: Any, specs: tuple[Field, ...], tensors: list, floats: list) -> dict:
     where = f"sample {i}"
     if not isinstance(sample, Sample):
         raise CodecError(must_be("samples[i]", "a Sample", type(sample).__name__, where=where))
@@ -324,7 +150,7 @@ def _encode_sample(i: int, sample: Any, specs: tuple[_Field, ...], tensors: list
     except (ValueError, TypeError) as exc:
         raise CodecError(f"invalid sample at position {i}: {exc}") from exc
     entry, nulls = {}, []
-    for (name, plain, to_json, _), value in zip(_META_ITEMS, _META_VALUES(sample)):
+    for (name, plain, to_json, _), value in zip(JSON_ITEMS, JSON_VALUES(sample)):
         entry[name] = value if type(value) in plain else to_json(value, name, where, floats)
     if type(entry["reward"]) is float:  # the one top-level field that may hold a float
         floats.append(entry["reward"])
@@ -363,7 +189,7 @@ def decode_samples(payload: bytes, fields: Sequence[str] = COMPUTED_FIELDS, *, m
     Raises:
         CodecError: for every malformed, truncated, oversized or inconsistent payload.
     """
-    specs = _resolve(fields)
+    specs = resolve_fields(fields)
     max_payload = MAX_PAYLOAD_BYTES if max_payload_bytes is None else max_payload_bytes
     max_header = MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes
     if not isinstance(payload, (bytes, bytearray, memoryview)):
@@ -380,16 +206,16 @@ def decode_samples(payload: bytes, fields: Sequence[str] = COMPUTED_FIELDS, *, m
         raise CodecError(f"{INTERNAL_ERROR} on a malformed payload: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode(payload: bytes, specs: tuple[_Field, ...], max_header: int) -> tuple[list[Sample], dict]:
+def _decode(payload: bytes, specs: tuple[Field, ...], max_header: int) -> tuple[list[Sample], dict]:
     entries = read_frame(payload, max_header)
-    begin, count = _claim(entries, META_TENSOR, _META_PART, "the payload")
+    begin, count = _claim(entries, META_TENSOR, META_PART, "the payload")
     document = load_document(payload, begin, begin + count)
     document = _loads(payload[begin:begin + count], META_TENSOR) if document is None else document
     if type(document) is not dict or document.keys() != {"metadata", "samples"}:
         raise CodecError(must_be(META_TENSOR, "an object with keys metadata, samples", _clip(document)))
     if type(document["samples"]) is not list:
         raise CodecError(must_be(f"{META_TENSOR}.samples", "a list", _clip(document["samples"])))
-    metadata = _typed(dict, "a dict")(document["metadata"], "metadata", META_TENSOR)
+    metadata = typed(dict, "a dict")(document["metadata"], "metadata", META_TENSOR)
     samples = [_decode_sample(i, entry, specs, payload, entries) for i, entry in enumerate(document["samples"])]
     if entries:
         names = sorted(entries)
@@ -398,14 +224,14 @@ def _decode(payload: bytes, specs: tuple[_Field, ...], max_header: int) -> tuple
     return samples, metadata
 
 
-def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes, entries: dict) -> Sample:
+def _decode_sample(i: int, entry: Any, specs: tuple[Field, ...], payload: bytes, entries: dict) -> Sample:
     where = f"sample {i}"
-    if type(entry) is not dict or entry.keys() != _SAMPLE_KEYS:
+    if type(entry) is not dict or entry.keys() != SAMPLE_KEYS:
         got = sorted(entry) if type(entry) is dict else type(entry).__name__
-        raise CodecError(must_be(f"{META_TENSOR} entry", f"an object with keys {sorted(_SAMPLE_KEYS)}", got,
+        raise CodecError(must_be(f"{META_TENSOR} entry", f"an object with keys {sorted(SAMPLE_KEYS)}", got,
                                  where=where))
     kwargs = {}
-    for name, plain, _, from_json in _META_ITEMS:
+    for name, plain, _, from_json in JSON_ITEMS:
         value = entry[name]
         kwargs[name] = value if type(value) in plain else from_json(value, name, where)
     nulls = entry["nulls"]
@@ -430,7 +256,7 @@ def _decode_sample(i: int, entry: Any, specs: tuple[_Field, ...], payload: bytes
     return sample
 
 
-def _view(payload: bytes, entries: dict, part: _Part, suffix: str, where: str) -> np.ndarray:
+def _view(payload: bytes, entries: dict, part: Part, suffix: str, where: str) -> np.ndarray:
     """One promised tensor as a read-only view of the payload, its values within the part's bounds."""
     begin, count = _claim(entries, part.name + suffix, part, where)
     arr = np.frombuffer(payload, part.dtype, count, begin)
@@ -439,7 +265,7 @@ def _view(payload: bytes, entries: dict, part: _Part, suffix: str, where: str) -
     return arr
 
 
-def _claim(entries: dict, name: str, part: _Part, where: str) -> tuple[int, int]:
+def _claim(entries: dict, name: str, part: Part, where: str) -> tuple[int, int]:
     """Claim one promised tensor: it must exist, be rank 1 and have the part's wire dtype."""
     entry = entries.pop(name, None)
     if entry is None:

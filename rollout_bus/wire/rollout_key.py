@@ -3,7 +3,8 @@
 Every turn and episode record is keyed by its episode's rollout key, ``(adapter, kind, group_index,
 id)`` (``model.sample.get_rollout_key``), so every turn of an episode lands on one partition and one
 stream worker. On the wire it is compact JSON: ``["math",1,"rollout",3,17]``, and an adapter-less key
-``[null,null,"rollout",3,17]`` (WIRE.md section 4.1).
+``[null,null,"rollout",3,17]`` (WIRE.md section 4.1). Only a ``rollout`` or ``sample`` key travels
+(``check_record_key``): a ``position`` key, a sample's place in one batch, means nothing across records.
 """
 
 from __future__ import annotations
@@ -13,6 +14,17 @@ import json
 from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.errors import ContractError, must_be
 from rollout_bus.model.sample import AdapterRef, Sample, get_rollout_key
+
+
+KEY_KINDS = ("rollout", "sample")  # what a record key may name (never "position")
+
+
+def check_record_key(key: tuple) -> None:
+    """ContractError unless ``key`` (``get_rollout_key``'s tuple) may key a record: its kind is one of
+    ``KEY_KINDS``. A sample with neither ``rollout_id`` nor ``index`` has a position key, and is refused."""
+    if key[1] not in KEY_KINDS:
+        raise ContractError("the sample has no rollout_id, index or group_index identity, and a position key means "
+                            "nothing across records")
 
 
 def rollout_key_string(key: tuple) -> str:
@@ -53,7 +65,7 @@ def parse_rollout_key(key: bytes | str | None) -> RolloutKeyParts:
     integral = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
     if (name is None) != (slot is None) or (name is not None and not (isinstance(name, str) and integral(slot))):
         raise ContractError(must_be("record key adapter", "[name, slot] or [null, null]", [name, slot]))
-    if kind not in ("rollout", "sample") or not integral(group_index) or group_index < 0 or not integral(ident):
+    if kind not in KEY_KINDS or not integral(group_index) or group_index < 0 or not integral(ident):
         raise ContractError(must_be("record key", shape + " with a group_index >= 0", parts))
     adapter = AdapterRef(name, slot) if name is not None else None
     return adapter, kind, group_index, ident

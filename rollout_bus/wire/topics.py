@@ -48,6 +48,16 @@ class TopicSpec:
     compacted: bool = False  # else every record is kept (retention.ms=-1): nothing expires under a stalled stage
 
 
+# The base topic names, before a prefix (``Topics`` adds it): the one place each is spelled.
+RUN_TOPIC = "rollout.run"
+TURNS_TOPIC = "rollout.turns"
+EPISODES_TOPIC = "rollout.episodes"
+METRICS_TOPIC = "rollout.metrics"
+SHARDS_TOPIC = "rollout.shards"
+DLQ_TOPIC = "rollout.dlq"
+WEIGHTS_TOPIC = "rollout.weights"
+
+
 @dataclass(frozen=True)
 class Topics:
     """The pipeline's topic names, optionally prefixed."""
@@ -61,31 +71,31 @@ class Topics:
 
     @property
     def run(self) -> str:
-        return f"{self.prefix}rollout.run"
+        return self.prefix + RUN_TOPIC
 
     @property
     def turns(self) -> str:
-        return f"{self.prefix}rollout.turns"
+        return self.prefix + TURNS_TOPIC
 
     @property
     def episodes(self) -> str:
-        return f"{self.prefix}rollout.episodes"
+        return self.prefix + EPISODES_TOPIC
 
     @property
     def metrics(self) -> str:
-        return f"{self.prefix}rollout.metrics"
+        return self.prefix + METRICS_TOPIC
 
     @property
     def shards(self) -> str:
-        return f"{self.prefix}rollout.shards"
+        return self.prefix + SHARDS_TOPIC
 
     @property
     def dlq(self) -> str:
-        return f"{self.prefix}rollout.dlq"
+        return self.prefix + DLQ_TOPIC
 
     @property
     def weights(self) -> str:
-        return f"{self.prefix}rollout.weights"
+        return self.prefix + WEIGHTS_TOPIC
 
     def group(self, name: str) -> str:
         """A consumer group (or Faust app id, which also names the stream's changelog topic) scoped by
@@ -109,7 +119,7 @@ class Topics:
             TopicSpec(self.dlq, "a rejected record: original key, value, headers plus reason, stage, source "
                       "topic-partition-offset", "the original key"),
             TopicSpec(self.weights, "JSON: the trainer's live weight version, step and publication time "
-                      "(records.WeightVersion); compacted: the latest per key", "the policy (b'policy')",
+                      "(weight_version.WeightVersion); compacted: the latest per key", "the policy (b'policy')",
                       compacted=True),
         ]
 

@@ -11,7 +11,7 @@ from kafka import KafkaConsumer
 
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.headers import TurnHeaders
-from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from tests.engine_server import FixtureEngine, fixture
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.sim.generator import iter_turns
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.wire.records import decode_episode
+from rollout_bus.wire.episode_record import decode_episode
 from tests.integration.test_stream_worker import Reader, Worker, _expected_episodes
 
 pytestmark = pytest.mark.kafka

@@ -13,7 +13,7 @@ from kafka import KafkaProducer
 from rollout_bus.wire.codec import encode_samples
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.wire.partitioning import partition_for
-from rollout_bus.wire.records import TURN_FIELDS, decode_episode
+from rollout_bus.wire.episode_record import TURN_FIELDS, decode_episode
 from rollout_bus.wire.rollout_key import rollout_key_of
 from tests.integration.test_stream_worker import Reader, Worker, _generated
 

@@ -70,7 +70,7 @@ def test_a_worker_exits_when_rollout_turns_gains_partitions_and_its_restart_read
 
 def test_a_shard_writer_exits_when_rollout_episodes_gains_partitions_and_its_restart_reads_them_all(
         kafka_bootstrap, client_kwargs, topics, tmp_path):
-    from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun
+    from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
     from tests.integration.test_shard_writer import GROUP_SIZE, REPO, make_episode, manifests, publish, writer_command
 
     publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(2) for r in range(GROUP_SIZE)])

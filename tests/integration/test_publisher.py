@@ -20,7 +20,8 @@ from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.limits import pending_bytes_limit, producer_config
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.wire.rollout_key import rollout_key_of

@@ -24,7 +24,8 @@ from rollout_bus.kafka.clients import wait_for_partitions
 from rollout_bus.kafka.reader import TopicReader, open_reader
 from rollout_bus.wire.positions import Position, RangeStart
 from rollout_bus.wire.headers import control_kind
-from rollout_bus.replay.rerun import manifests_in_dir, replay, settle_settings
+from rollout_bus.replay.rerun import replay
+from rollout_bus.replay.settings import manifests_in_dir, settle_settings
 from tests.integration.pipeline_harness import run_pipeline
 
 

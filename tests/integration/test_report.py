@@ -16,8 +16,8 @@ from kafka import KafkaProducer
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
-from rollout_bus.wire.records import batch_metrics_record, flow_key, flow_metrics_record, window_metrics_record
+from rollout_bus.wire.flow_metrics import flow_key, flow_metrics_record, generator_flow, trainer_flow
+from rollout_bus.wire.metrics_records import batch_metrics_record, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.shards import write_batch_shards
 from rollout_bus.wire.rollout_key import rollout_key_string

@@ -25,7 +25,8 @@ from rollout_bus.consumers.shard_writer.out_dir import scan_out_dir
 from rollout_bus.consumers.shard_writer.writer_lock import LOCK_NAME
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.wire.records import END_OF_RUN_KEY, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
+from rollout_bus.wire.episode_record import EpisodeInfo, encode_episode
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask

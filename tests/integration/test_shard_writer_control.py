@@ -25,10 +25,11 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.wire.positions import RangeStart
 from rollout_bus.replay.rerun import replay
-from rollout_bus.wire.records import Abandoned
+from rollout_bus.wire.control_records import Abandoned
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.wire.topics import Topics
 from rollout_bus.wire.rollout_key import rollout_key_string
+from rollout_bus.wire.run_record import RunBatching
 from tests.integration.test_shard_writer import (ADAPTERS, GROUP_SIZE, end_of_run, make_episode, manifests, publish,
                                                  read_topic, run_writer)
 
@@ -65,7 +66,8 @@ class WriterThread:
     """A ShardWriter running in a thread (so a test can watch its stats, or make it crash)."""
 
     def __init__(self, client_kwargs, topics, out: Path, group_id: str, cls=ShardWriter, **options) -> None:
-        opts = {"dp_size": 2, "groups_per_batch": 2, "group_id": group_id, "exit_on_end_of_run": True, **options}
+        opts = {"dp_size": 2, "run_batching": RunBatching(2), "group_id": group_id, "exit_on_end_of_run": True,
+                **options}
         self.writer = cls(client_kwargs, topics, WriterOptions(out_dir=out, **opts))
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)

@@ -16,7 +16,7 @@ import pytest
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.metrics import compute_staleness_metrics
 from rollout_bus.wire.positions import RangeStart
-from rollout_bus.wire.records import EpisodeInfo, decode_episode, encode_episode
+from rollout_bus.wire.episode_record import EpisodeInfo, decode_episode, encode_episode
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.replay.rerun import replay
 from rollout_bus.wire.rollout_key import rollout_key_string

@@ -24,7 +24,7 @@ from kafka import KafkaConsumer, TopicPartition
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.consumers.feed.weights import WeightPublisher
-from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.wire.topics import Topics
 

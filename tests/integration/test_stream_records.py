@@ -12,7 +12,8 @@ from kafka.partitioner.default import murmur2
 from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.kafka.limits import consumer_config
-from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun, decode_episode
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, Abandoned, EndOfRun
+from rollout_bus.wire.episode_record import decode_episode
 from rollout_bus.wire.headers import control_kind
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask

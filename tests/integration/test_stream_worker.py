@@ -21,7 +21,8 @@ from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import adapter_scope
 from rollout_bus.model.metrics import compute_metrics_from_samples
-from rollout_bus.wire.records import decode_episode, fold_window_records
+from rollout_bus.wire.episode_record import decode_episode
+from rollout_bus.wire.metrics_records import fold_window_records
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
@@ -185,7 +186,7 @@ def test_bad_records_go_to_the_dlq_and_later_episodes_still_arrive(kafka_bootstr
 
 def _encode(sample):
     from rollout_bus.wire.codec import encode_samples
-    from rollout_bus.wire.records import TURN_FIELDS
+    from rollout_bus.wire.episode_record import TURN_FIELDS
 
     return encode_samples([sample], TURN_FIELDS)
 

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
-from rollout_bus.wire.records import WEIGHTS_KEY, WeightVersion, batch_metrics_record, window_metrics_record
+from rollout_bus.wire.metrics_records import batch_metrics_record, window_metrics_record
+from rollout_bus.wire.weight_version import WEIGHTS_KEY, WeightVersion
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.kafka.run_record import check_run_batching
 from rollout_bus.wire.run_record import RunBatching

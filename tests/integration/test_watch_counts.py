@@ -6,7 +6,7 @@ import pytest
 from kafka import KafkaProducer
 
 from rollout_bus.kafka.reader import TopicWatcher
-from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, Abandoned, EndOfRun
 
 pytestmark = pytest.mark.kafka
 

@@ -17,7 +17,8 @@ from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import CodecError
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.wire.partitioning import partition_for
-from rollout_bus.wire.records import TURN_FIELDS, parse_announcement
+from rollout_bus.wire.episode_record import TURN_FIELDS
+from rollout_bus.wire.shard_announcement import parse_announcement
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from tests.integration.pipeline_harness import run_pipeline
 from tests.unit.wire.test_wire_schemas import samples_meta, wire_example

@@ -9,7 +9,15 @@ from tests.import_contracts import (ROOT, STAGES, TOP_LEVEL, client_users, confi
 def test_import_contracts_hold():
     done = run_lint()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 kept, 0 broken" in done.stdout, done.stdout
+    assert "4 kept, 0 broken" in done.stdout, done.stdout
+
+
+def test_no_stage_may_import_the_settings():
+    """Settings end in the CLI (docs/architecture.md): each stage is a source of the forbidden contract."""
+    text = config_text()
+    contract = text[text.index("[importlinter:contract:settings-end-in-cli]"):]
+    assert all(f"    rollout_bus.{stage}\n" in contract for stage in STAGES)
+    assert "forbidden_modules =\n    rollout_bus.config\n" in contract
 
 
 def test_every_package_and_root_module_is_in_a_layer():

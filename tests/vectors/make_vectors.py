@@ -29,7 +29,8 @@ import numpy as np
 from rollout_bus.wire.codec import decode_samples, encode_samples
 from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.partitioning import murmur2, partition_for
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask

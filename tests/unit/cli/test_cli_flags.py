@@ -85,3 +85,78 @@ def test_report_refuses_a_train_directory_without_trained_jsonl_before_reading_a
     done = runner.invoke(app, ["report", "--bootstrap-servers", "127.0.0.1:1", "--train", str(tmp_path),
                                "--out", str(tmp_path / "r.html")])
     assert done.exit_code == 2 and "trained.jsonl" in done.output
+
+
+@pytest.fixture
+def writers(monkeypatch):
+    """``shards`` up to the writer: no cluster, the run's batching accepted, the writer's options recorded."""
+    import rollout_bus.cli.shards as shards
+    from rollout_bus.consumers.shard_writer.options import WriterStats
+
+    made: list = []
+
+    class FakeWriter:
+        def __init__(self, client_kwargs, topics, options, on_progress=None) -> None:
+            made.append(options)
+            self.stats = WriterStats()
+
+        def run(self):
+            return self.stats
+
+    monkeypatch.setattr(shards, "ShardWriter", FakeWriter)
+    monkeypatch.setattr(shards, "wait_for_cluster", lambda conn, timeout: None)
+    monkeypatch.setattr(shards, "check_run_batching", lambda conn, topics, ours: ours)
+    return made
+
+
+def test_shards_flags_and_environment_reach_the_writers_plain_options(writers, monkeypatch, tmp_path):
+    from rollout_bus.consumers.shard_writer.options import WriterOptions
+    from rollout_bus.wire.run_record import RunBatching
+
+    monkeypatch.setenv("ROLLOUT_BUS_WRITTEN_MEMORY", "7")
+    monkeypatch.setenv("ROLLOUT_BUS_MAX_RECORD_BYTES", str(8 << 20))
+    done = runner.invoke(app, ["shards", "--bootstrap-servers", "127.0.0.1:1", "--topic-prefix", "p.", "--out",
+                               str(tmp_path), "--dp-size", "3", "--groups-per-batch", "2", "--batching", "arrival",
+                               "--group-id", "g", "--normalization", "none", "--exit-when-idle",
+                               "--exit-on-end-of-run", "--max-batches", "5", "--max-staleness", "1"])
+    assert done.exit_code == 0, done.output
+    assert writers[-1] == WriterOptions(out_dir=tmp_path, dp_size=3, run_batching=RunBatching(2, "arrival", 1),
+                                        group_id="p.g", normalization="none", exit_when_idle=True,
+                                        exit_on_end_of_run=True, max_batches=5, max_record_bytes=8 << 20,
+                                        written_memory=7)
+    said = " ".join(done.output.split())  # rich wraps the line
+    assert "(dp_size=3, groups_per_batch=2, batching=arrival, max_staleness=1)" in said
+
+
+def test_every_writer_option_is_a_shard_setting_of_its_name_or_worked_out_by_the_cli():
+    """``plain_values`` matches by name: an option renamed on one side only would silently keep its default."""
+    import dataclasses
+
+    from rollout_bus.config import ShardSettings
+    from rollout_bus.consumers.shard_writer.options import WriterOptions
+
+    worked_out = {"out_dir", "run_batching", "max_record_bytes"}  # from --out, the batching, KafkaSettings
+    stage_only = {"idle_s"}
+    fields = {f.name for f in dataclasses.fields(WriterOptions)}
+    assert fields - worked_out - stage_only <= set(ShardSettings.model_fields), fields - set(ShardSettings.model_fields)
+
+
+def test_generate_builds_the_producers_plain_options_from_its_settings(monkeypatch):
+    import rollout_bus.producers.generator_run as generator_run
+    from rollout_bus.producers.generator_run import GeneratorOptions
+    from rollout_bus.producers.run import GenerateSummary
+    from rollout_bus.wire.run_record import RunBatching
+
+    runs: list = []
+    monkeypatch.setattr(generator_run, "prepare_run", lambda conn, topics, options: runs.append(options))
+    monkeypatch.setattr(generator_run, "run_generator",
+                        lambda conn, topics, options, publish, **kw: (GenerateSummary(run_id="r"), 0.1))
+    monkeypatch.setenv("ROLLOUT_BUS_POLICY_VERSION", "3")
+    done = runner.invoke(app, ["generate", "--bootstrap-servers", "127.0.0.1:1", "--seed", "4", "--generators", "2",
+                               "--generator-index", "1", "--max-staleness", "2", "--groups-per-batch", "8",
+                               "--delivery-timeout", "300"])
+    assert done.exit_code == 0, done.output
+    assert runs == [GeneratorOptions(generator_id="g1of2-seed4", run_batching=RunBatching(8, "step", 2),
+                                     follow_weights=False, policy_version=3, delivery_timeout_s=300,
+                                     max_record_bytes=runs[0].max_record_bytes)]
+    assert runs[0].follows

@@ -18,8 +18,9 @@ from rollout_bus.kafka.lag import lag_rows
 from rollout_bus.observe.exporter import SnapshotCollector
 from rollout_bus.observe.metrics_view import MetricsView
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
-from rollout_bus.wire.records import WeightVersion, batch_metrics_record, flow_metrics_record, window_metrics_record
+from rollout_bus.wire.flow_metrics import flow_metrics_record, generator_flow, trainer_flow
+from rollout_bus.wire.metrics_records import batch_metrics_record, window_metrics_record
+from rollout_bus.wire.weight_version import WeightVersion
 from tests.unit.compose.test_compose import BASE, COMPOSE, load
 
 PROMETHEUS = COMPOSE / "prometheus"

@@ -27,7 +27,7 @@ from rollout_bus.policy.checkpoint import CheckpointRef, save_checkpoint
 from rollout_bus.policy.model import build_policy, last_logits
 from rollout_bus.policy.sampler import Sampler
 from rollout_bus.policy.vocab import EOS, VOCAB
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 
 SEED = 3
 STEPS = 6

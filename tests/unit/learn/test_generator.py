@@ -49,7 +49,7 @@ from rollout_bus.policy.checkpoint import CheckpointRef, save_checkpoint
 from rollout_bus.policy.model import build_policy
 from rollout_bus.policy.sampler import Sampler
 from rollout_bus.producers.groups import plan_groups
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 
 # seed 28, 30 episodes in groups of 4 (the last one of 2): five episodes call the tool, two of them
 # answer right, and six first turns stop after one token; the coverage checks below say so if not
@@ -126,7 +126,7 @@ def _engine_outputs(engine: RecordingEngine, settings: GenerateSettings) -> dict
     round 0 is one ``generate`` over its episodes from the prompt, its round 1 one over those that called."""
     calls = iter(engine.calls)
     found: dict[int, list[TurnOutput]] = {}
-    for group in plan_groups(settings):
+    for group in plan_groups(**settings.group_plan()):
         prompt = TASK.prompt_tokens(TASK.problem(group.group_index))
         _, contexts, outs = next(calls)
         assert len(contexts) == group.size and all(np.array_equal(c, prompt) for c in contexts)
@@ -145,7 +145,7 @@ def _engine_outputs(engine: RecordingEngine, settings: GenerateSettings) -> dict
 
 def _assert_merges_to_the_engine_outputs(turns, outputs: dict[int, list[TurnOutput]], settings) -> None:
     """Every episode is one segment equal to its engine outputs put together (see the module docstring)."""
-    groups = {g.group_index: g for g in plan_groups(settings)}
+    groups = {g.group_index: g for g in plan_groups(**settings.group_plan())}
     episodes = _by_episode(turns)
     assert sorted(episodes) == list(range(settings.episodes))
     for index, pieces in episodes.items():
@@ -213,7 +213,7 @@ def test_the_same_settings_give_the_same_turns_and_another_seed_other_turns(plai
 
 def test_turn_numbers_are_contiguous_the_last_turn_alone_is_final_and_the_group_size_is_the_groups(plain):
     settings, _, turns = plain
-    sizes = {g.group_index: g.size for g in plan_groups(settings)}
+    sizes = {g.group_index: g.size for g in plan_groups(**settings.group_plan())}
     assert sorted(set(sizes.values())) == [2, 4]  # the last group is smaller
     for index, pieces in _by_episode(turns).items():
         args = [a for _, a in pieces]

@@ -40,7 +40,7 @@ from rollout_bus.model.turns import merge_samples
 from rollout_bus.policy.checkpoint import save_checkpoint
 from rollout_bus.policy.model import build_policy
 from rollout_bus.policy.sampler import Sampler
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 
 # seed 28, 30 episodes in groups of 4: some episodes call the tool and two answer right, so some group's
 # rewards differ (checked below)

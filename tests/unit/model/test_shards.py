@@ -14,7 +14,7 @@ import torch
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.model.shards import shard_tensors
+from rollout_bus.model.shard_tensors import shard_tensors
 from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
 from rollout_bus.model.shards import MANIFEST_NAME, batch_path, load_shard, read_manifest, verify_batch, write_batch_shards
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rollout_bus.errors import ContractError
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
-from rollout_bus.model.shards import shard_tensors
+from rollout_bus.model.shard_tensors import shard_tensors
 from rollout_bus.model.train_data import convert_samples_to_train_data, split_train_data_by_dp
 from rollout_bus.model.shards import batch_path, load_shard, write_batch_shards
 from rollout_bus.model.trainer_math import (

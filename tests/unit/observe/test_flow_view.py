@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
 from rollout_bus.observe.exporter import SnapshotCollector
 from rollout_bus.observe.metrics_view import MetricsView
-from rollout_bus.wire.records import batch_metrics_record, flow_key, flow_metrics_record
+from rollout_bus.wire.flow_metrics import flow_key, flow_metrics_record, generator_flow, trainer_flow
+from rollout_bus.wire.metrics_records import batch_metrics_record
 
 
 def _exposition(view: MetricsView) -> dict[str, float]:
@@ -96,7 +96,7 @@ def test_tail_shows_who_waits_and_the_latest_batchs_age_and_discards():
 
 
 def test_the_report_folds_each_batchs_flow_and_the_latest_record_of_each_source():
-    from rollout_bus.observe.report import fold_flow
+    from rollout_bus.observe.flow_fold import fold_flow
 
     docs = [json.loads(v) for v in (
         flow_metrics_record("trainer", "trainer", trainer_flow(1.0, 1, 2.0), elapsed_s=2.0, final=False),

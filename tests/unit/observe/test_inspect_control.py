@@ -10,7 +10,7 @@ from rich.console import Console
 
 from rollout_bus.errors import CodecError
 from rollout_bus.observe.inspect import describe_record, render
-from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, Abandoned, EndOfRun
 
 
 def record(topic: str, key: bytes, value: bytes, headers: list) -> SimpleNamespace:

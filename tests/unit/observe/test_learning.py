@@ -131,7 +131,8 @@ def test_a_window_that_is_not_a_positive_int_is_refused_by_name(window):
 
 
 def test_the_run_report_shows_the_reward_against_batch_and_time_only_with_a_trainer():
-    from rollout_bus.observe.report import RawRun, build_report, render_html
+    from rollout_bus.observe.report import RawRun, build_report
+    from rollout_bus.observe.report_html import render_html
     from rollout_bus.wire.topics import Topics
 
     curve = _curve([0.0] * 5 + [0.2, 0.4, 0.6, 0.8, 0.9])

@@ -12,7 +12,7 @@ from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.observe.exporter import snapshot_families
 from rollout_bus.kafka.lag import lag_rows
 from rollout_bus.observe.metrics_view import MetricsView, metric_series
-from rollout_bus.wire.records import batch_metrics_record, prefixed, window_metrics_record
+from rollout_bus.wire.metrics_records import batch_metrics_record, prefixed, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 
 

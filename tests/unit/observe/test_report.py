@@ -1,4 +1,4 @@
-"""The run report: folding records into series, the SVG charts, and the page."""
+"""The run report: folding records into series, and the SVG charts (the page: test_report_html.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.model.episode_stats import EpisodeStats
-from rollout_bus.observe.report import (RawRun, build_report, fold_batches, fold_dead_letters,
-                                    fold_windows, render_html)
+from rollout_bus.observe.report import RawRun, build_report, fold_batches, fold_dead_letters, fold_windows
+from rollout_bus.observe.report_html import render_html
 from rollout_bus.observe.charts import Bar, Series, bar_chart, line_chart, nice_ticks, time_ticks
-from rollout_bus.wire.records import batch_metrics_record, window_metrics_record
+from rollout_bus.wire.metrics_records import batch_metrics_record, window_metrics_record
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.wire.topics import Topics
 
@@ -196,26 +196,3 @@ def test_nice_ticks_cover_the_range_in_round_steps():
     assert time_ticks([0, 5000]) == [(0.0, "00:00:00"), (5000.0, "00:00:05")]
     assert len(time_ticks(list(range(0, 100_000, 1000)), most=8)) <= 8
 
-
-# ---------------------------------------------------------------------------- the page
-
-
-def test_the_page_is_self_contained_and_holds_every_section():
-    run = RawRun(metrics=[window_doc(0, "math", 0, [episode("math", 1, 10, 1.0)]),
-                          window_doc(5000, "code", 0, [episode("code", 2, 20, 0.0)])],
-                 announcements=[manifest(1, [("math", 2)])],
-                 dead_letters=[letter("stream", "decode", "bad <header> & more")],
-                 counts={"r.rollout.turns": 7}, first_ms=1000, last_ms=61000)
-    page = render_html(build_report(run, Topics(prefix="r."), title="Run <42>"))
-    for heading in ("Episodes per window", "Batches", "Dead letters", "Episode response length per window",
-                    "Mean episode reward per window", "Samples per batch", "Response tokens per batch"):
-        assert heading in page
-    assert "<title>Run &lt;42&gt;</title>" in page and "bad &lt;header&gt; &amp; more" in page
-    assert not re.search(r"<script|<link|\bsrc=|@import|url\(", page)
-    assert page.count("<svg") == 7  # overview, two per-adapter bands, reward, episodes, two batch charts
-    assert "60 s" in page
-
-
-def test_an_empty_run_renders_notes_instead_of_charts():
-    page = render_html(build_report(RawRun(), Topics(prefix="r.")))
-    assert "No window records on" in page and "No batch on" in page and "No dead letters on" in page

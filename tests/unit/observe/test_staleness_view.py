@@ -9,8 +9,10 @@ from rich.console import Console
 from rollout_bus.cli.tail import render
 from rollout_bus.observe.exporter import snapshot_families
 from rollout_bus.observe.metrics_view import MetricsView, staleness_rows
-from rollout_bus.observe.report import RawRun, build_report, fold_batches, render_html
-from rollout_bus.wire.records import WeightVersion, batch_metrics_record
+from rollout_bus.observe.report import RawRun, build_report, fold_batches
+from rollout_bus.observe.report_html import render_html
+from rollout_bus.wire.metrics_records import batch_metrics_record
+from rollout_bus.wire.weight_version import WeightVersion
 from rollout_bus.wire.topics import Topics
 
 SCOPED = {"adapter/math/staleness/mean": 0.5, "adapter/math/staleness/max": 1.0, "adapter/math/staleness/oldest": 2.0,

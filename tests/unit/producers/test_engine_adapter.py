@@ -11,7 +11,7 @@ import pytest
 from rollout_bus.producers.engine_adapter import append_engine_response, turn_from_engine_response
 from rollout_bus.wire.codec import decode_samples, encode_samples
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.turns import append_forced_sampling_tokens, merge_samples
 

@@ -8,6 +8,7 @@ import pytest
 
 from rollout_bus.producers.staleness_gate import GateWait, StalenessGate
 from rollout_bus.errors import ConfigError, Stopped
+from rollout_bus.wire.run_record import RunBatching
 
 
 class FakeWatcher:
@@ -41,7 +42,7 @@ class FakeWatcher:
 
 
 def gate(watcher, groups_per_batch=2, max_staleness=1, **kw) -> StalenessGate:
-    return StalenessGate(watcher, groups_per_batch=groups_per_batch, max_staleness=max_staleness, **kw)
+    return StalenessGate(watcher, RunBatching(groups_per_batch, "step", max_staleness), **kw)
 
 
 @pytest.mark.parametrize("groups_per_batch,max_staleness,group_index,needed", [
@@ -129,5 +130,6 @@ def test_stop_ends_a_wait_and_refuses_the_next_group():
 
 @pytest.mark.parametrize("kw", [dict(groups_per_batch=0), dict(max_staleness=-1), dict(groups_per_batch=True)])
 def test_unusable_settings_are_refused(kw):
+    """The run's batching the gate is handed cannot be built with them (``RunBatching`` checks, once)."""
     with pytest.raises(ConfigError):
         gate(FakeWatcher(), **kw)

@@ -17,7 +17,7 @@ from rollout_bus.sim.sampling import SamplingParams, sample_tokens
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.errors import ConfigError
-from rollout_bus.wire.records import TURN_FIELDS
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.model.sample import AdapterRef, Status
 from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.model.turns import merge_samples
@@ -229,7 +229,7 @@ def test_a_truncated_final_turn_runs_to_the_maximum_length():
 
 def test_groups_alternate_adapters_and_each_adapter_numbers_its_own_samples_from_zero():
     settings = small(episodes=16, adapters="math,code")
-    groups = plan_groups(settings)
+    groups = plan_groups(**settings.group_plan())
     assert [(g.adapter.name, g.group_index) for g in groups] == [("math", 0), ("code", 1), ("math", 2), ("code", 3)]
     seen = defaultdict(set)
     for sample, _ in iter_turns(settings):
@@ -301,8 +301,9 @@ def test_unusable_settings_are_refused():
 
 def gated(watcher, groups_per_batch=1, max_staleness=None):
     from rollout_bus.producers.staleness_gate import StalenessGate
+    from rollout_bus.wire.run_record import RunBatching
 
-    return StalenessGate(watcher, groups_per_batch=groups_per_batch, max_staleness=max_staleness)
+    return StalenessGate(watcher, RunBatching(groups_per_batch, "step", max_staleness))
 
 
 def test_a_gate_stamps_every_engine_call_with_the_live_version_and_changes_nothing_else():

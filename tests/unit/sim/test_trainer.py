@@ -1,5 +1,5 @@
-"""train-sim without a broker: the tiny policy, the loss on a real shard layout, checkpoints and resume,
-and the reconciliation of trained batches."""
+"""train-sim without a broker: the tiny policy, the loss on a real shard layout, checkpoints and resume
+through the trainer loop, and the reconciliation of trained batches (the command: ``tests/unit/cli/test_train.py``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import rollout_bus.sim.trainer as train_sim
+import rollout_bus.consumers.feed.loop as loop
 import rollout_bus.consumers.feed.training as training
-from rollout_bus.cli.train_sim import parse_ranks
 from rollout_bus.errors import ConfigError, ContractError
-from rollout_bus.model.shards import load_shard, shard_tensors, write_batch_shards
+from rollout_bus.model.shard_tensors import shard_tensors
+from rollout_bus.model.shards import load_shard, write_batch_shards
 from rollout_bus.model.trainer_math import response_token_index, shard_support_log_probs
 from rollout_bus.consumers.feed.training import (CHECKPOINT_NAME, TRAINED_NAME, TrainState, read_trained, reconcile_training,
                                        trained_jsonl)
@@ -119,7 +119,7 @@ def fake_feeds(monkeypatch):
                                          {"episode_raw_reward": 0.5}) for seq in range(5)] for rank in (0, 1)}
     FakeFeed.crash_at = None
     FakeFeed.published = []
-    monkeypatch.setattr(train_sim, "ShardFeed", FakeFeed)
+    monkeypatch.setattr(loop, "ShardFeed", FakeFeed)
     FakeReporter.reports = []
     monkeypatch.setattr(training, "FlowReporter", FakeReporter)
     return FakeFeed
@@ -288,13 +288,6 @@ def test_options_are_checked():
             TrainSimOptions(bootstrap_servers="x", checkpoint_dir=Path("x"), dp_size=2, **bad).check()
 
 
-def test_ranks_flag():
-    assert parse_ranks("all", 3) == [0, 1, 2] and parse_ranks("1, 0", 2) == [1, 0]
-    for bad in ("x", "2", "0,0", ""):
-        with pytest.raises(Exception):
-            parse_ranks(bad, 2)
-
-
 # ---------------------------------------------------------------------------- reconciling trained batches
 
 
@@ -326,39 +319,3 @@ def test_a_missing_duplicated_unexpected_or_reordered_seq_is_caught():
 def test_trained_jsonl_is_one_json_object_per_line():
     text = trained_jsonl(rows((0, 0), (0, 1))).decode()
     assert [json.loads(line) for line in text.splitlines()] == rows((0, 0), (0, 1))
-
-
-# ---------------------------------------------------------------------------- the command
-
-
-def test_train_sim_command_flags_reach_the_options_and_errors_exit_1(monkeypatch, tmp_path):
-    from typer.testing import CliRunner
-
-    import rollout_bus.cli.train_sim as cli
-    from rollout_bus.cli.main import app
-    from rollout_bus.errors import FeedTimeoutError
-
-    seen: list[TrainSimOptions] = []
-
-    def fake_run(opts, on_progress=None):
-        seen.append(opts)
-        on_progress(train_sim.TrainSimProgress(1, 0, 0.5))
-        return train_sim.TrainSimResult(1, 1, 0, 0.5, 0, opts.checkpoint_dir / CHECKPOINT_NAME)
-
-    monkeypatch.setattr(cli, "run_train_sim", fake_run)
-    args = ["train-sim", "--bootstrap-servers", "h:1", "--topic-prefix", "p.", "--ranks", "all", "--dp-size", "3",
-            "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "5", "--seed", "4", "--lr", "0.5",
-            "--timeout", "7", "--max-batches", "9", "--shards-root", str(tmp_path / "s")]
-    done = CliRunner().invoke(app, args)
-    assert done.exit_code == 0, done.output
-    o = seen[-1]
-    assert (o.bootstrap_servers, o.topic_prefix, o.ranks, o.dp_size, o.checkpoint_every, o.seed, o.lr, o.timeout_s,
-            o.max_batches, o.shards_root) == ("h:1", "p.", [0, 1, 2], 3, 5, 4, 0.5, 7.0, 9, tmp_path / "s")
-    assert "final_loss=0.500000" in done.output
-
-    def failing(opts, on_progress=None):
-        raise FeedTimeoutError("rank 0: no batch 0 within 7s")
-
-    monkeypatch.setattr(cli, "run_train_sim", failing)
-    done = CliRunner().invoke(app, args[:-2])
-    assert done.exit_code == 1 and "no batch 0" in done.output

@@ -11,7 +11,8 @@ import pytest
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import ContractError, RecordTooLargeError
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, Abandoned, EndOfRun, decode_episode
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, Abandoned, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS, decode_episode
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask

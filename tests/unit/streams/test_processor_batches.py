@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-import rollout_bus.streams.processor as processor_module
-from rollout_bus.wire.records import decode_episode
+import rollout_bus.streams.turn_merge as turn_merge_module
+from rollout_bus.wire.episode_record import decode_episode
 from rollout_bus.streams.episode_state import EpisodeIndex, index_key
 from rollout_bus.streams.processor import TurnProcessor, position_key
 from rollout_bus.streams.state import ChangelogState
@@ -57,8 +57,8 @@ def test_a_batch_writes_each_window_entry_and_the_position_once():
 
 def test_a_stored_turn_is_decoded_once_not_again_to_merge(monkeypatch):
     calls = []
-    real = processor_module.decode_samples
-    monkeypatch.setattr(processor_module, "decode_samples", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = turn_merge_module.decode_samples
+    monkeypatch.setattr(turn_merge_module, "decode_samples", lambda *a, **k: calls.append(1) or real(*a, **k))
     processor, sink = _processor({})
     asyncio.run(processor.handle_batch(_interleaved(2, 3)))
     assert len(sink.on("u.rollout.episodes")) == 2 and calls == []

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import replace
 
 from rollout_bus.wire.partitioning import partition_for
-from rollout_bus.wire.records import decode_episode
+from rollout_bus.wire.episode_record import decode_episode
 from rollout_bus.wire.topics import Topics
 from rollout_bus.wire.headers import HEADER_REROUTED_FROM
 from rollout_bus.streams.processor import TurnProcessor

@@ -12,7 +12,7 @@ from rollout_bus.errors import ContractError
 from rollout_bus.model.metrics import compute_metrics_from_samples
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.streams.windows import PartitionWindows, WindowEntry, window_bounds, window_key, window_record
-from rollout_bus.wire.records import fold_window_records
+from rollout_bus.wire.metrics_records import fold_window_records
 
 def _episode(rollout_id: int, length: int, reward: float, adapter: str | None = None) -> list[Sample]:
     ref = AdapterRef(adapter, 0) if adapter else None

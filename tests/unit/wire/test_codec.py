@@ -11,7 +11,7 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_bus.wire import codec, samples_json
+from rollout_bus.wire import codec, sample_fields, samples_json
 from rollout_bus.wire.codec import (
     COMPUTED_FIELDS,
     SAMPLING_MASK_FIELDS,
@@ -395,7 +395,7 @@ def samples(draw):
 
 def plain(sample: Sample, with_mask: bool) -> dict:
     """The model: every field as plain Python values; a mask as its rows."""
-    model = {name: getattr(sample, name) for name in codec._META}
+    model = {name: getattr(sample, name) for name in sample_fields.JSON_FIELDS}
     model["status"] = Status(sample.status).value
     for name in COMPUTED_FIELDS:
         value = getattr(sample, name)
@@ -482,6 +482,6 @@ def test_every_sample_field_has_exactly_one_place_on_the_wire():
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(Sample)}
-    tensor, json_doc = set(codec._FIELDS), set(codec._META)
+    tensor, json_doc = set(sample_fields.TENSOR_FIELDS), set(sample_fields.JSON_FIELDS)
     assert not tensor & json_doc
     assert names == tensor | json_doc, (sorted(names - tensor - json_doc), sorted((tensor | json_doc) - names))

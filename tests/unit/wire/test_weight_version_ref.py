@@ -18,7 +18,7 @@ import json
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import WeightVersion
+from rollout_bus.wire.weight_version import WeightVersion
 from tests.wire_schemas import problems, validate, validator
 
 SHA = hashlib.sha256(b"policy weights").hexdigest()

@@ -1,4 +1,4 @@
-"""Folding a window's per-source-partition partials (``records.fold_window_records``), the one fold the
+"""Folding a window's per-source-partition partials (``metrics_records.fold_window_records``), the one fold the
 tail view, the report and the stream tests share."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from rollout_bus.errors import ContractError
 from rollout_bus.model.episode_stats import EpisodeStats
 from rollout_bus.model.sample import AdapterRef, Sample, Status
-from rollout_bus.wire.records import batch_metrics_record, fold_window_records, window_metrics_record
+from rollout_bus.wire.metrics_records import batch_metrics_record, fold_window_records, window_metrics_record
 
 
 def _episode(rollout_id: int, length: int, reward: float, *, raw_reward: float | None = None) -> list[Sample]:

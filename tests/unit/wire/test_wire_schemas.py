@@ -27,6 +27,7 @@ from jsonschema import Draft202012Validator
 
 from rollout_bus.config import ShardSettings
 from rollout_bus.consumers.shard_writer.batcher import Batcher
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.consumers.shard_writer.batch import Batch
 from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.consumers.shard_writer.out_dir import announcement, convert_batch, manifest_place, write_batch
@@ -38,10 +39,12 @@ from rollout_bus.wire.codec import decode_samples, encode_samples
 from rollout_bus.config import GenerateSettings
 from rollout_bus.wire.dead_letter import DeadLetter, source_of
 from rollout_bus.errors import ContractError, MaskCheckError
-from rollout_bus.wire.records import (TURN_FIELDS, BatchesEnded, BatchSkipped, EndOfRun, ShardAnnouncement,
-                                      WeightVersion, announcement_value, batch_metrics_record, decode_episode,
-                                      flow_metrics_record)
-from rollout_bus.model.flow_metrics import generator_flow
+from rollout_bus.wire.control_records import BatchesEnded, BatchSkipped, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS, decode_episode
+from rollout_bus.wire.flow_metrics import flow_metrics_record, generator_flow
+from rollout_bus.wire.metrics_records import batch_metrics_record
+from rollout_bus.wire.shard_announcement import ShardAnnouncement, announcement_value
+from rollout_bus.wire.weight_version import WeightVersion
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
@@ -171,7 +174,7 @@ def run_stream(records: list[TurnRecord]) -> list[tuple[str, bytes | None, bytes
 
 def write_batches(run: OfflineRun) -> None:
     """The shard writer's steps (rollout_bus.consumers.shard_writer.writer._write) over the emitted episode records."""
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     for offset, (_topic, key, value, headers) in enumerate(run.on(TOPICS.episodes)):
         item = parse_record(key, value, headers, partition=0, offset=offset)
         if isinstance(item, EndOfRunMarker):
@@ -414,7 +417,7 @@ def test_an_announcement_written_before_out_root_still_matches_and_a_mixed_one_d
 
 def test_a_manifest_listing_stale_episodes_matches_its_schema(offline, tmp_path):
     """The staleness net's entries (extra.stale), from a real batch whose later episodes carry newer versions."""
-    batches = Batcher(2, "step")
+    batches = Batcher(RunBatching(2, "step"))
     for offset, (_topic, key, value, headers) in enumerate(offline.on(TOPICS.episodes)):
         item = parse_record(key, value, headers, partition=0, offset=offset)
         if isinstance(item, (Episode, AbandonedEpisode)):
@@ -536,7 +539,7 @@ def valid_documents(offline) -> dict[str, Any]:
         "batch_skipped": json.loads(offline.skipped[0].value()),
         "batches_ended": json.loads(offline.ended.value()),
         "weight_version": json.loads(WeightVersion(3, 2, SENT_AT_MS).value()),
-        "run_batching": json.loads(ShardSettings().declaration("shard writer@host:12").value()),
+        "run_batching": json.loads(ShardSettings().run_batching("shard writer@host:12").value()),
         "flow_metrics": json.loads(flow_metrics_record("generator", "g0of1-seed7", generator_flow(1.5, 2, 10.0),
                                                        elapsed_s=10.0, final=False)),
     }

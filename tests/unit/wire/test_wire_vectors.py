@@ -23,7 +23,8 @@ from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 from rollout_bus.wire.codec import CodecError, decode_samples, encode_samples
 from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.partitioning import murmur2, partition_for
-from rollout_bus.wire.records import END_OF_RUN_KEY, TURN_FIELDS, EndOfRun
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
+from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.wire.rollout_key import parse_rollout_key
 from rollout_bus.model.sample import AdapterRef, Sample, Status

@@ -9,7 +9,8 @@ import pytest
 
 from rollout_bus.consumers.feed.trainer_feed import ShardFeed
 from rollout_bus.errors import FeedTimeoutError
-from rollout_bus.wire.records import (END_OF_RUN_KEY, BatchesEnded, BatchSkipped, ShardAnnouncement, announcement_value)
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, BatchesEnded, BatchSkipped
+from rollout_bus.wire.shard_announcement import ShardAnnouncement, announcement_value
 
 TOPIC = "rollout.shards"
 

@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_bus.consumers.shard_writer.batcher import Batcher, Outcome
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.consumers.shard_writer.episodes import Episode, parse_episode
 from rollout_bus.consumers.shard_writer.episodes import parse_record
 from rollout_bus.errors import ConfigError, ContractError
-from rollout_bus.wire.records import Abandoned, EpisodeInfo, encode_episode
+from rollout_bus.wire.control_records import Abandoned
+from rollout_bus.wire.episode_record import EpisodeInfo, encode_episode
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.wire.rollout_key import rollout_key_string
@@ -53,7 +55,7 @@ def feed(batcher: Batcher, episodes) -> list:
 
 
 def test_step_batch_holds_the_groups_of_its_index_range_once_all_are_complete():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     eps = [episode(g, r, offset=10 * g + r) for g in (2, 3, 0, 1) for r in (0, 1)]
     batches = feed(batcher, eps)
     assert [b.seq for b in batches] == [1, 0]
@@ -62,7 +64,7 @@ def test_step_batch_holds_the_groups_of_its_index_range_once_all_are_complete():
 
 
 def test_step_batch_is_not_due_while_a_group_of_its_range_is_missing_or_incomplete():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     assert feed(batcher, [episode(0, 0), episode(0, 1), episode(1, 0)]) == []
     assert [b.seq for b in feed(batcher, [episode(1, 1)])] == [0]
 
@@ -80,7 +82,7 @@ def test_step_batch_contents_do_not_depend_on_arrival_order(order, retried_first
     records = [pool[i] for i in order]
     if retried_first:  # the aborted attempt's record never outruns its retry past the range's completion
         records.insert(0, episode(3, 1, attempt=1, group_size=3, offset=91))
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batches = sorted(feed(batcher, records), key=lambda b: b.seq)
     assert [b.seq for b in batches] == [0, 1, 2]
     retried = 1 if retried_first else 0
@@ -93,14 +95,14 @@ def test_step_batch_contents_do_not_depend_on_arrival_order(order, retried_first
 
 
 def test_retry_that_arrives_after_its_range_was_formed_is_rejected_as_late():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     feed(batcher, [episode(0, 0), episode(0, 1)])
     result = batcher.add(episode(0, 1, attempt=1, offset=9))
     assert result.outcome is Outcome.REJECTED and result.kind == "late"
 
 
 def test_step_flush_writes_open_ranges_as_partial_batches_with_incomplete_groups():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     feed(batcher, [episode(0, 0), episode(0, 1), episode(1, 0), episode(5, 0)])
     flushed = batcher.flush()
     assert [(b.seq, b.partial) for b in flushed] == [(0, True), (2, True)]
@@ -110,7 +112,7 @@ def test_step_flush_writes_open_ranges_as_partial_batches_with_incomplete_groups
 
 
 def test_step_next_seq_follows_the_highest_range_formed_in_any_order():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     assert batcher.next_seq == 0
     feed(batcher, [episode(g, r) for g in (2, 3) for r in (0, 1)])
     assert batcher.next_seq == 2
@@ -119,14 +121,14 @@ def test_step_next_seq_follows_the_highest_range_formed_in_any_order():
 
 
 def test_episode_of_an_already_formed_range_is_rejected_as_late():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     [batch] = feed(batcher, [episode(0, 0), episode(0, 1)])
     result = batcher.add(episode(0, 2, offset=5))
     assert result.outcome is Outcome.REJECTED and result.kind == "late" and "batch 0" in result.reason
 
 
 def test_copy_of_an_episode_in_a_formed_batch_is_a_duplicate_but_a_new_attempt_is_late():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     feed(batcher, [episode(0, 0), episode(0, 1)])
     assert batcher.add(episode(0, 1, offset=7)).outcome is Outcome.DUPLICATE
     late = batcher.add(episode(0, 1, attempt=2, offset=8))
@@ -134,7 +136,7 @@ def test_copy_of_an_episode_in_a_formed_batch_is_a_duplicate_but_a_new_attempt_i
 
 
 def test_batches_found_on_disk_close_their_range_and_count_their_episodes_as_written():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batcher.mark_written(0, [(episode(0, 0).key, 0)], [(None, 0)])
     assert batcher.add(episode(0, 0)).outcome is Outcome.DUPLICATE
     assert batcher.add(episode(1, 0)).outcome is Outcome.REJECTED
@@ -145,7 +147,7 @@ def test_batches_found_on_disk_close_their_range_and_count_their_episodes_as_wri
 
 
 def test_duplicate_episode_is_dropped_and_counted_once_in_its_batch():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     assert batcher.add(episode(0, 0, offset=0)).outcome is Outcome.ACCEPTED
     assert batcher.add(episode(0, 0, offset=1)).outcome is Outcome.DUPLICATE
     [batch] = feed(batcher, [episode(0, 1, offset=2)])
@@ -153,7 +155,7 @@ def test_duplicate_episode_is_dropped_and_counted_once_in_its_batch():
 
 
 def test_higher_attempt_replaces_the_lower_and_a_lower_one_arriving_later_is_dropped():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     batcher.add(episode(0, 0, attempt=1, offset=0))
     assert batcher.add(episode(0, 0, attempt=0, offset=1)).outcome is Outcome.SUPERSEDED
     assert batcher.add(episode(0, 0, attempt=3, offset=2)).outcome is Outcome.REPLACED
@@ -162,7 +164,7 @@ def test_higher_attempt_replaces_the_lower_and_a_lower_one_arriving_later_is_dro
 
 
 def test_group_size_disagreement_and_overfull_group_are_rejected():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batcher.add(episode(0, 0, group_size=2))
     assert batcher.add(episode(0, 1, group_size=3)).kind == "group"
     batcher.add(episode(0, 1, group_size=2))
@@ -171,7 +173,7 @@ def test_group_size_disagreement_and_overfull_group_are_rejected():
 
 
 def test_siblings_of_one_episode_stay_together_in_order():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     [batch] = feed(batcher, [episode(0, 1, segments=3), episode(0, 0, segments=2)])
     samples = batch.samples()
     assert [s.rollout_id for s in samples] == [0, 0, 1, 1, 1]
@@ -182,7 +184,7 @@ def test_siblings_of_one_episode_stay_together_in_order():
 
 
 def test_arrival_batch_is_the_first_groups_to_complete_in_completion_order():
-    batcher = Batcher(2, "arrival")
+    batcher = Batcher(RunBatching(2, "arrival"))
     batches = feed(batcher, [episode(9, 0), episode(4, 0), episode(7, 0), episode(7, 1), episode(9, 1),
                              episode(4, 1)])
     assert [b.seq for b in batches] == [0]
@@ -192,7 +194,7 @@ def test_arrival_batch_is_the_first_groups_to_complete_in_completion_order():
 
 
 def test_samples_inside_a_batch_are_ordered_by_adapter_slot_group_and_rollout():
-    batcher = Batcher(3, "arrival")
+    batcher = Batcher(RunBatching(3, "arrival"))
     eps = [episode(2, 5, adapter=MATH), episode(2, 4, adapter=MATH), episode(1, 9, adapter=CODE),
            episode(1, 3, adapter=CODE), episode(0, 8), episode(0, 2)]
     [batch] = feed(batcher, eps)
@@ -204,7 +206,7 @@ def test_samples_inside_a_batch_are_ordered_by_adapter_slot_group_and_rollout():
 
 
 def test_commit_offset_stops_at_the_first_pending_episode_of_each_partition():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     batcher.add(episode(0, 0, partition=0, offset=4))
     batcher.skip(0, 5)
     batcher.add(episode(1, 0, partition=1, offset=9))
@@ -220,7 +222,7 @@ def test_commit_offset_stops_at_the_first_pending_episode_of_each_partition():
 def test_commit_offsets_never_pass_a_pending_episode(order, groups_per_batch):
     pool = [episode(g, r, offset=0) for g in range(4) for r in range(3) if (g, r) != (3, 2)]
     pool.append(episode(0, 0, offset=0))  # a duplicate
-    batcher = Batcher(groups_per_batch, "step")
+    batcher = Batcher(RunBatching(groups_per_batch, "step"))
     next_offset = {0: 0, 1: 0}
     pending: dict[int, set[int]] = {0: set(), 1: set()}
     for i in order:
@@ -272,7 +274,7 @@ def test_parse_episode_refuses_segments_of_different_groups():
 @pytest.mark.parametrize("groups, mode", [(0, "step"), (2, "fifo"), (True, "step")])
 def test_batcher_refuses_bad_settings(groups, mode):
     with pytest.raises(ConfigError):
-        Batcher(groups, mode)
+        Batcher(RunBatching(groups, mode))
 
 
 # ---------------------------------------------------------------------------- abandoned episodes
@@ -287,7 +289,7 @@ def abandoned(group_index: int, rollout_id: int, *, adapter=None, attempt: int =
 
 
 def test_an_abandoned_record_completes_its_group_and_the_batch_is_written_without_it():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batches = feed(batcher, [episode(0, 0), episode(0, 1), episode(1, 0), abandoned(1, 1, offset=3)])
     [batch] = batches
     assert ids(batch) == [(0, 0, 0), (0, 1, 0), (1, 0, 0)] and not batch.partial and not batch.empty
@@ -302,7 +304,7 @@ def test_an_abandoned_record_completes_its_group_and_the_batch_is_written_withou
 def test_batches_with_abandoned_records_do_not_depend_on_arrival_order(order):
     pool = [episode(0, 0), episode(0, 1), abandoned(1, 0), episode(1, 1), episode(2, 0), abandoned(2, 1),
             episode(3, 0), episode(3, 1), abandoned(1, 0)]  # the last: a duplicate of the control record
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batches = sorted(feed(batcher, [pool[i] for i in order]), key=lambda b: b.seq)
     assert [ids(b) for b in batches] == [[(0, 0, 0), (0, 1, 0), (1, 1, 0)], [(2, 0, 0), (3, 0, 0), (3, 1, 0)]]
     assert [[a.key for a in b.abandoned] for b in batches] == [[abandoned(1, 0).key], [abandoned(2, 1).key]]
@@ -310,7 +312,7 @@ def test_batches_with_abandoned_records_do_not_depend_on_arrival_order(order):
 
 
 def test_a_range_whose_groups_are_all_abandoned_is_empty_and_does_not_block_later_batches():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     [empty] = feed(batcher, [abandoned(0, 0, offset=0), abandoned(0, 1, offset=1)])
     assert empty.seq == 0 and empty.empty and len(empty.abandoned) == 2
     assert batcher.commit_offsets() == {0: 0}  # held until the caller says the decision is done
@@ -323,7 +325,7 @@ def test_a_range_whose_groups_are_all_abandoned_is_empty_and_does_not_block_late
 def test_an_episode_wins_over_an_abandoned_record_of_the_same_attempt_while_both_are_pending():
     for first, second in [(abandoned(0, 0, offset=0), episode(0, 0, offset=1)),
                           (episode(0, 0, offset=0), abandoned(0, 0, offset=1))]:
-        batcher = Batcher(1, "step")
+        batcher = Batcher(RunBatching(1, "step"))
         batcher.add(first)
         batcher.add(second)
         [batch] = feed(batcher, [episode(0, 1, offset=2)])
@@ -331,7 +333,7 @@ def test_an_episode_wins_over_an_abandoned_record_of_the_same_attempt_while_both
 
 
 def test_a_higher_attempt_abandoned_record_supersedes_the_episode_of_a_lower_attempt():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     batcher.add(episode(0, 0, attempt=0, offset=0))
     assert batcher.add(abandoned(0, 0, attempt=1, offset=1)).outcome is Outcome.REPLACED
     [batch] = feed(batcher, [episode(0, 1, offset=2)])
@@ -339,7 +341,7 @@ def test_a_higher_attempt_abandoned_record_supersedes_the_episode_of_a_lower_att
 
 
 def test_a_control_record_of_a_formed_batch_is_a_duplicate_if_its_key_is_in_it_else_late():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     feed(batcher, [episode(0, 0), abandoned(0, 1)])
     assert batcher.add(abandoned(0, 1, offset=5)).outcome is Outcome.DUPLICATE
     assert batcher.add(episode(0, 1, offset=6)).outcome is Outcome.DUPLICATE   # its key is in the batch, abandoned
@@ -349,13 +351,13 @@ def test_a_control_record_of_a_formed_batch_is_a_duplicate_if_its_key_is_in_it_e
 
 
 def test_abandoned_record_with_a_disagreeing_group_size_is_rejected():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     batcher.add(episode(0, 0, group_size=2))
     assert batcher.add(abandoned(0, 1, group_size=3)).kind == "group"
 
 
 def test_flush_leaves_no_offsets_held_and_marks_episode_less_ranges_empty():
-    batcher = Batcher(2, "step")
+    batcher = Batcher(RunBatching(2, "step"))
     feed(batcher, [episode(0, 0, offset=0), abandoned(4, 0, offset=1)])
     flushed = batcher.flush()
     assert [(b.seq, b.partial, b.empty) for b in flushed] == [(0, True, False), (2, True, True)]
@@ -365,7 +367,7 @@ def test_flush_leaves_no_offsets_held_and_marks_episode_less_ranges_empty():
 
 
 def test_control_records_held_by_the_caller_stop_commits_until_released():
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     batcher.hold(1, 4)
     batcher.skip(1, 5)
     assert batcher.commit_offsets() == {1: 4}
@@ -386,7 +388,7 @@ def test_written_keys_are_forgotten_beyond_written_memory_and_looked_up_on_disk(
         lookups.append(seq)
         return on_disk.get(seq)
 
-    batcher = Batcher(1, "step", written_memory=2, lookup=lookup)
+    batcher = Batcher(RunBatching(1, "step"), written_memory=2, lookup=lookup)
     for g in range(6):
         [batch] = feed(batcher, [episode(g, 0, offset=2 * g), episode(g, 1, offset=2 * g + 1)])
         on_disk[batch.seq] = {e.key: e.attempt for e in batch.episodes}
@@ -401,7 +403,7 @@ def test_written_keys_are_forgotten_beyond_written_memory_and_looked_up_on_disk(
 
 
 def test_without_a_lookup_a_forgotten_duplicate_is_late_not_a_new_group():
-    batcher = Batcher(1, "step", written_memory=1)
+    batcher = Batcher(RunBatching(1, "step"), written_memory=1)
     for g in range(3):
         batcher.done(feed(batcher, [episode(g, 0), episode(g, 1)])[0])
     result = batcher.add(episode(0, 0, offset=9))
@@ -410,7 +412,7 @@ def test_without_a_lookup_a_forgotten_duplicate_is_late_not_a_new_group():
 
 def test_arrival_mode_forgets_keys_but_finds_the_closed_group_and_looks_it_up():
     on_disk: dict[int, dict[str, int]] = {}
-    batcher = Batcher(1, "arrival", written_memory=1, lookup=on_disk.get)
+    batcher = Batcher(RunBatching(1, "arrival"), written_memory=1, lookup=on_disk.get)
     for g in (7, 3, 5):
         [batch] = feed(batcher, [episode(g, 0), episode(g, 1)])
         on_disk[batch.seq] = {e.key: e.attempt for e in batch.episodes}
@@ -421,7 +423,7 @@ def test_arrival_mode_forgets_keys_but_finds_the_closed_group_and_looks_it_up():
 
 
 def test_a_formed_batch_is_never_forgotten_before_it_is_done():
-    batcher = Batcher(1, "step", written_memory=1)
+    batcher = Batcher(RunBatching(1, "step"), written_memory=1)
     [first] = feed(batcher, [episode(0, 0), episode(0, 1)])
     for g in (1, 2, 3):
         batcher.done(feed(batcher, [episode(g, 0), episode(g, 1)])[0])
@@ -432,4 +434,4 @@ def test_a_formed_batch_is_never_forgotten_before_it_is_done():
 
 def test_batcher_refuses_a_written_memory_below_one():
     with pytest.raises(ConfigError):
-        Batcher(1, "step", written_memory=0)
+        Batcher(RunBatching(1, "step"), written_memory=0)

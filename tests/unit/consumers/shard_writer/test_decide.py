@@ -11,6 +11,7 @@ from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.consumers.shard_writer.batch import split_stale
 from rollout_bus.consumers.shard_writer.batcher import Batcher, Episode
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.consumers.shard_writer.decide import Verdict, decide, write_decided
 from rollout_bus.consumers.shard_writer.out_dir import convert_batch, write_batch
 from rollout_bus.wire.dead_letter import DlqKind
@@ -35,7 +36,7 @@ def episode(group_index: int, rid: int, version: int = 3, *, segments: int = 1, 
 
 
 def batch_3(*episodes: Episode):
-    batcher = Batcher(G, "step")
+    batcher = Batcher(RunBatching(G, "step"))
     for e in episodes:
         batcher.add(e)
     [batch] = batcher.ready()

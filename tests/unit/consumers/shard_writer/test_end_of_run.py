@@ -7,7 +7,8 @@ import pytest
 from rollout_bus.consumers.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, Episode, parse_record
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.records import END_OF_RUN_KEY, Abandoned, EndOfRun, EpisodeInfo, encode_episode
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, Abandoned, EndOfRun
+from rollout_bus.wire.episode_record import EpisodeInfo, encode_episode
 from rollout_bus.wire.rollout_key import rollout_key_string
 from tests.unit.consumers.shard_writer.test_batcher import segment
 

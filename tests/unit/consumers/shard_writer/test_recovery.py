@@ -9,6 +9,7 @@ from rollout_bus.kafka import reader as kafka_reader
 from rollout_bus.errors import Unavailable
 from rollout_bus.kafka.retry import retrying
 from rollout_bus.consumers.shard_writer import recovery
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.consumers.shard_writer.batcher import Batcher, Outcome
 from rollout_bus.consumers.shard_writer.decide import decide, write_decided
 from rollout_bus.consumers.shard_writer.out_dir import announced_ids, announcement
@@ -23,7 +24,7 @@ class Counts:
 
 def write_batches(out, seqs):
     """Batches ``seqs`` of one group each (G=1), written as the writer writes them; their announcements."""
-    batcher = Batcher(1, "step")
+    batcher = Batcher(RunBatching(1, "step"))
     values = {}
     for seq in seqs:
         for rid in (0, 1):
@@ -39,7 +40,7 @@ def test_nothing_on_disk_reads_nothing_from_rollout_shards(tmp_path):
     def never():
         raise AssertionError("rollout.shards read with no batch on disk")
     counts = Counts()
-    found = recovery.recover(tmp_path, Batcher(1), read_announced=never, announce=None, counts=counts)
+    found = recovery.recover(tmp_path, Batcher(RunBatching(1)), read_announced=never, announce=None, counts=counts)
     assert found == [] and counts == Counts()
 
 
@@ -48,7 +49,7 @@ def test_batches_on_disk_are_marked_written_and_only_the_unannounced_ones_announ
     (tmp_path / "batch-00000001" / ".dp-000.safetensors.tmp").write_bytes(b"half")  # a killed write
     (tmp_path / "batch-00000003").mkdir()  # a batch killed before its manifest
     (tmp_path / "batch-00000003" / "dp-000.safetensors").write_bytes(b"partial")
-    announced, counts, batcher = [], Counts(), Batcher(1)
+    announced, counts, batcher = [], Counts(), Batcher(RunBatching(1))
 
     found = recovery.recover(tmp_path, batcher, counts=counts,
                              read_announced=lambda: announced_ids([values[1], None, b"junk"]),
@@ -107,7 +108,7 @@ def test_an_output_directory_holding_another_runs_batches_is_refused_before_anyt
     from rollout_bus.errors import ConfigError
 
     write_batches(tmp_path, [0, 1])  # their episodes came from rollout.episodes (no prefix)
-    announced, counts, batcher = [], Counts(), Batcher(1)
+    announced, counts, batcher = [], Counts(), Batcher(RunBatching(1))
     with pytest.raises(ConfigError, match=r"another run: batch 0's episodes came from rollout\.episodes, this "
                                           r"writer reads run7\.rollout\.episodes"):
         recovery.recover(tmp_path, batcher, counts=counts, read_announced=lambda: set(),

@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from rollout_bus.consumers.shard_writer.batcher import Batcher
+from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.consumers.shard_writer.episodes import Episode
 from rollout_bus.consumers.shard_writer.out_dir import WrittenBatch, batch_metrics, manifest_extra
 from rollout_bus.consumers.shard_writer.batch import split_stale
@@ -32,7 +33,7 @@ def episode(group_index: int, rid: int, *segments: Sample, offset: int = 0) -> E
 
 def batch_3(*episodes: Episode):
     """Batch 3 (groups 6 and 7, two episodes each) as the batcher forms it."""
-    batcher = Batcher(G, "step")
+    batcher = Batcher(RunBatching(G, "step"))
     for e in episodes:
         batcher.add(e)
     [batch] = batcher.ready()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rollout_bus.model.flow_metrics import generator_flow, trainer_flow
-from rollout_bus.observe.report import Flow
-from rollout_bus.demo.run import FLOW_BATCHES_SHOWN, flow_tables
+from rollout_bus.wire.flow_metrics import generator_flow, trainer_flow
+from rollout_bus.observe.flow_fold import Flow
+from rollout_bus.observe.flow_tables import FLOW_BATCHES_SHOWN, flow_tables
 
 
 def test_one_row_per_source_and_only_the_last_batches():
