@@ -152,6 +152,10 @@ class GenerateSettings(BatchingSettings):
     # who samples: "sim", the seeded stand-in with every knob above; "policy", the real policy
     # (rollout_bus.learn: calculator episodes, the trainer's weights; the episode-shape knobs do not apply)
     engine: Literal["sim", "policy"] = "sim"
+    # the policy engine following the trainer: how long after a published version's checkpoint is refused
+    # (missing, or failing its sha256) it waits, with no verified weights, for a newer one before it exits
+    # (rollout_bus.errors.EXIT_NO_USABLE_WEIGHTS); 0: for ever. A generator with verified weights goes on.
+    weights_wait_s: float = Field(120.0, ge=0)
     # several generators on one run: generator ``generator_index`` of ``generators`` takes the run's group
     # indices g with g mod generators == generator_index (its j-th group is j * generators + generator_index),
     # so no two generators make the same group, and step batch k still holds the run's groups [k*G, (k+1)*G)

@@ -17,6 +17,7 @@ says "raises ValueError") catch them unchanged::
     │   ├── RecordTooLargeError         a record is over the size limit of a producer or topic
     │   └── AccessDenied                the cluster refused this principal (ACLs, login): never retried
     ├── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
+    │   └── NoUsableWeights             no verified checkpoint to generate from within the generator's wait
     ├── EngineError                     an inference engine refused a request, or died answering it
     └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
@@ -78,6 +79,15 @@ EXIT_PARTITIONS_CHANGED = 75  # EX_TEMPFAIL: restart me
 class FeedTimeoutError(RolloutBusError, TimeoutError):
     """Waited longer than its timeout for the bus: a trainer's feed for its next batch, a generator for
     a weight version."""
+
+
+class NoUsableWeights(FeedTimeoutError):
+    """A generator following the trainer has no verified weights to generate from: every version published
+    was refused (its checkpoint missing, or failing its sha256) and none came to replace it within its wait
+    (exit status ``EXIT_NO_USABLE_WEIGHTS``)."""
+
+
+EXIT_NO_USABLE_WEIGHTS = 66  # EX_NOINPUT: the input it needs (a verified checkpoint) is not there
 
 
 class Stopped(BrokerError):

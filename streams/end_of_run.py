@@ -5,8 +5,9 @@ as a marker on each episodes partition, and a reader that sees the marker must h
 turns partition it came from.
 
 Contract: ``EndOfRunForwarder.handle(record, control)`` counts ``control_records``. An ``end-of-run``
-record (``control_records.EndOfRun``) first settles its partition (``settle(partition)``: the processor
-decides the turns still held there for the last time and awaits every in-flight episode), then goes to
+record (``control_records.EndOfRun``) first settles its partition (``settle(record)``: the processor
+decides the turns still held there for the last time, awaits every in-flight episode, then dead-letters and
+abandons every episode of the partition still without its final turn, ``unfinished``), then goes to
 every rollout.episodes partition, each send acknowledged, with the turns partition it came from
 (``EndOfRun.forwarded``), counted ``end_of_run_forwarded``. Any other control kind, or a marker that does
 not parse, is a ``control`` dead letter.
@@ -34,7 +35,7 @@ class EndOfRunForwarder:
     """The control records of rollout.turns, over a processor's sender, outcome counts and rejections."""
 
     def __init__(self, send: Any, topics: Topics, outcomes: Counter, rejects: Rejections, *, turns_partitions: int,
-                 episodes_partitions: int, settle: Callable[[int], Awaitable[None]]) -> None:
+                 episodes_partitions: int, settle: Callable[[TurnRecord], Awaitable[None]]) -> None:
         self.send, self.topics, self.outcomes, self.rejects = send, topics, outcomes, rejects
         self.turns_partitions, self.episodes_partitions = turns_partitions, episodes_partitions
         self.settle = settle
@@ -53,7 +54,7 @@ class EndOfRunForwarder:
         except ContractError as exc:
             await self.rejects.dead_letter(record, DlqKind.CONTROL, str(exc))
             return
-        await self.settle(record.partition)
+        await self.settle(record)
         forwarded = marker.forwarded(record.partition, self.turns_partitions)
         for partition in range(self.episodes_partitions):
             await self.send(self.topics.episodes, END_OF_RUN_KEY, forwarded.value(), forwarded.headers(), wait=True,

@@ -61,7 +61,9 @@ class EpisodeIndex:
 
     A finished marker also holds the source ``partition`` and ``final_offset`` of the final turn,
     so it can be pruned once the partition's position is far enough past it
-    (``rollout_bus.streams.finished_markers``); -1 where unknown (an open episode, or an older marker).
+    (``rollout_bus.streams.finished_markers``); -1 where unknown (an older marker). An open episode holds
+    the ``partition`` its last turn was stored from (final_offset -1; -1 both in an older index), so the run's
+    end on that partition can settle it where one table holds every partition (an offline replay).
     """
 
     attempt: int
@@ -74,7 +76,7 @@ class EpisodeIndex:
 
     def to_bytes(self) -> bytes:
         values: list = [self.attempt, self.next_turn, int(self.finished), self.group_size]
-        if self.final_offset >= 0:
+        if self.final_offset >= 0 or self.partition >= 0:
             values += [self.partition, self.final_offset]
         if self.generator is not None:
             values.append(self.generator)
@@ -91,7 +93,9 @@ class EpisodeIndex:
         generator = values.pop() if isinstance(values, list) and values and isinstance(values[-1], str) else None
         if not isinstance(values, list) or len(values) not in (4, 6):
             raise ContractError(must_be("episode index", shape, raw))
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or values[2] > 1:
+        open_at = len(values) == 6 and values[2] == 0 and values[5] == -1  # an open episode's partition
+        if (not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values[:5 if open_at else 6])
+                or values[2] > 1):
             raise ContractError(must_be("episode index", "non-negative integers", raw))
         attempt, next_turn, finished, group_size, *where = values
         partition, final_offset = where or (-1, -1)

@@ -40,7 +40,8 @@ Contract:
   first (a final one then abandons its episode). Counted ``turns_held`` and ``turns_released``.
 * An ``end-of-run`` control record (``control_records.EndOfRun``) on a turns partition is forwarded, once
   every in-flight episode is acknowledged, to every rollout.episodes partition with the turns
-  partition it came from (``end_of_run``).
+  partition it came from (``end_of_run``). Before that, every episode of the partition with stored turns and
+  no final turn is dead-lettered ``unfinished`` and abandoned, its state removed (``_settle``).
 * A turn on the wrong rollout.turns partition for its key is re-routed to its key's partition
   (``rollout_bus.streams.reroute`` says why and how), acknowledged before its own position moves on.
   An offline replay (``reroute=False``) holds every partition in one table: it merges a misplaced
@@ -63,8 +64,10 @@ from typing import Any, Protocol
 from rollout_bus.wire.dead_letter import DlqKind
 from rollout_bus.errors import ContractError
 from rollout_bus.wire.headers import control_kind
+from rollout_bus.wire.partitioning import partition_for
 from rollout_bus.wire.topics import Topics
 from rollout_bus.streams.end_of_run import EndOfRunForwarder
+from rollout_bus.streams.episode_state import EpisodeIndex
 from rollout_bus.streams.finished_markers import FINISHED_RETENTION_RECORDS, FinishedMarkers
 from rollout_bus.streams.in_flight import InFlight
 from rollout_bus.streams.lost_records import FetchedRange, lost_ranges
@@ -319,13 +322,22 @@ class TurnProcessor:
         else:
             await self.rejects.dead_letter(record, DlqKind.PARTITION, reason)
 
-    async def _settle(self, partition: int) -> None:
-        """Before an end-of-run marker of ``partition`` is forwarded: the turns held there are decided for the
-        last time, and every in-flight episode is acknowledged."""
-        self.table.bind(partition)
-        await self.turns.expire_held(partition)
+    async def _settle(self, marker: TurnRecord) -> None:
+        """Before an end-of-run marker is forwarded: the turns held on its partition are decided for the last
+        time, every in-flight episode is acknowledged, then every episode of the partition still without its
+        final turn is dead-lettered ``unfinished`` and abandoned."""
+        self.table.bind(marker.partition)
+        await self.turns.expire_held(marker.partition)
         await self.drain()
-        self.table.bind(partition)
+        self.table.bind(marker.partition)
+        await self.turns.settle_unfinished(marker, self._settles_on)
+        self.table.bind(marker.partition)
+
+    def _settles_on(self, key: bytes, index: EpisodeIndex) -> int:
+        """The partition whose end-of-run marker ends an open episode: its key's (every turn of it is processed
+        there, re-routed if need be), or where one table holds every partition (no re-routing), the one its
+        last turn was stored from."""
+        return partition_for(key, self.turns_partitions) if self.reroute else index.partition
 
     async def _close_due(self, partition: int) -> None:
         """Close the windows the watermark passed; in-flight finals are counted in their windows first."""

@@ -13,6 +13,10 @@ for must complete from the log alone, even when one of its episodes never will (
   DLQ, kind ``merge``), and when its episode record is over the size limit (dead-lettered by reference,
   kind ``too_large``, the final turn's source and the offsets of its turns in the reason). The episode
   is then marked finished like an emitted one.
+* An episode left without a final turn when the run ends on its partition (``unfinished``): every stored turn to
+  the DLQ as ``unfinished``, with rebuilt headers (the episode's ``generator`` included) and a reason naming the key,
+  the turns and the generator; one WARNING line; an ``abandoned`` record whose source is the end-of-run marker; and
+  nothing of it left in the state (no finished marker: the run is over).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from rollout_bus.errors import ContractError, RecordTooLargeError
 from rollout_bus.streams.episode_state import EpisodeIndex, index_key, parse_stored_turn, turn_key
+from rollout_bus.streams.held_turns import dead_key
 from rollout_bus.streams.state import ChangelogState
 from rollout_bus.streams.turn_record import TurnRecord
 from rollout_bus.wire.dead_letter import MAX_REASON_CHARS, DeadLetter, DlqKind, DlqStage, lost_letter
@@ -132,7 +137,42 @@ class Rejections:
         self.finish(index, record.key, headers, record)
         self.outcomes["episodes_too_large"] += 1
 
+    async def unfinished(self, marker: TurnRecord, key: bytes, index: EpisodeIndex) -> None:
+        """An open episode when the run ended on ``marker``'s partition: its stored turns go to the DLQ as
+        ``unfinished`` (rebuilt headers, its generator's included), one WARNING line, an ``abandoned`` record
+        (source: the marker), and its index, stored turns and dead-turn marks leave the state."""
+        stored = {turn: parse_stored_turn(raw) for turn in range(index.next_turn)
+                  if (raw := self.table.get(turn_key(key, index.attempt, turn))) is not None}
+        made_by = (f"generator {index.generator!r}" if index.generator is not None
+                   else "a generator that sent no generator header")
+        reason = (f"episode {key.decode(errors='replace')} attempt {index.attempt} never got its final turn: the run "
+                  f"ended on {marker.topic} partition {marker.partition} (end-of-run at {marker.source}) with turns "
+                  f"0..{index.next_turn - 1} of {index.next_turn} stored (offsets "
+                  f"{[offset for offset, _, _ in stored.values()]}) and no final turn; made by {made_by}")
+        for turn, (offset, sent_at, payload) in stored.items():
+            headers = TurnHeaders(turn, index.attempt, False, index.group_size, sent_at, generator=index.generator)
+            original = TurnRecord(key, payload, headers.to_kafka(), marker.topic, marker.partition, offset,
+                                  marker.timestamp_ms)
+            await self.dead_letter(original, DlqKind.UNFINISHED, reason)
+        logger.warning("UNFINISHED episode key=%r attempt=%d turns=%d by %s: no final turn when the run ended on "
+                       "partition %d; dead-lettered and abandoned", key, index.attempt, index.next_turn, made_by,
+                       marker.partition)
+        try:
+            parse_rollout_key(key)
+        except ContractError:
+            logger.warning("unfinished episode key=%r names no rollout group: no abandoned record", key)
+        else:
+            await self._abandoned(key, index.attempt, index.group_size, DlqKind.UNFINISHED, reason, marker.source)
+        for turn in range(index.next_turn + 1):
+            self.forget(turn_key(key, index.attempt, turn))
+            self.forget(dead_key(key, index.attempt, turn))
+        self.forget(index_key(key))
+        self.outcomes["episodes_unfinished"] += 1
+
     async def _send_abandoned(self, record: TurnRecord, headers: TurnHeaders, kind: str, reason: str) -> None:
-        marker = Abandoned(headers.attempt, headers.group_size, kind, reason[:MAX_REASON_CHARS], record.source)
-        await self.send(self.topics.episodes, record.key, marker.value(), marker.headers(), wait=True)
+        await self._abandoned(record.key, headers.attempt, headers.group_size, kind, reason, record.source)
+
+    async def _abandoned(self, key: bytes, attempt: int, group_size: int, kind: str, reason: str, source: str) -> None:
+        marker = Abandoned(attempt, group_size, kind, reason[:MAX_REASON_CHARS], source)
+        await self.send(self.topics.episodes, key, marker.value(), marker.headers(), wait=True)
         self.outcomes["episodes_abandoned"] += 1

@@ -18,6 +18,9 @@ Contract (state keys in ``episode_state`` and ``held_turns``):
   ``count`` (into its window entry) and then ``finish`` (the finished marker, the stored turns deleted).
 * ``expire_held(partition)``: at the run's end on ``partition`` a held turn still ahead of its predecessor
   is a ``gap`` dead letter (a final one abandons its episode).
+* ``settle_unfinished(marker, settles_on)``: then an open episode of that partition (stored turns, no final
+  turn) is dead-lettered ``unfinished`` and abandoned, and nothing of it stays in the state. An open episode's
+  index records the partition its last turn was stored from.
 * ``prune_finished(partition, position)`` deletes the finished markers ``finished_markers`` says are due.
 """
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -123,7 +128,7 @@ class TurnMerge:
             key = turn_key(record.key, headers.attempt, headers.turn)
             self.table[key] = stored_turn(record.offset, headers.sent_at_ms, record.value or b"")
             self._decoded[key] = sample
-            self.table[index_key(record.key)] = decision.index.to_bytes()
+            self.table[index_key(record.key)] = replace(decision.index, partition=record.partition).to_bytes()
             self.outcomes["turns_stored"] += 1
             await self._release_next(record.key, headers.attempt, headers.turn + 1)
             return
@@ -168,6 +173,17 @@ class TurnMerge:
                     await self.rejects.abandon(record, headers, DlqKind.GAP, reason)
             else:
                 await self.turn(record, released=True)
+
+    async def settle_unfinished(self, marker: TurnRecord, settles_on: Callable[[bytes, EpisodeIndex], int]) -> None:
+        """At the run's end on ``marker``'s partition, an open episode whose turns that partition takes
+        (``settles_on(key, index)``) will never get its final turn: dead-lettered ``unfinished``, abandoned, its
+        state removed (``Rejections.unfinished``). Called once held turns are decided and finals drained."""
+        for key in sorted(k for k in list(self.table.keys()) if k.startswith(b"e|")):
+            raw = self.table.get(key)
+            index = EpisodeIndex.from_bytes(raw) if raw is not None else None
+            if index is None or index.finished or settles_on(key[2:], index) != marker.partition:
+                continue
+            await self.rejects.unfinished(marker, key[2:], index)
 
     def forget(self, key: bytes) -> None:
         """Delete through ``__delitem__``, the path that writes the changelog tombstone."""

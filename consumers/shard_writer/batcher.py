@@ -25,7 +25,10 @@ Contract:
   ``arrival``: the first G groups to complete, in completion order, form batch ``next_seq``.
 * ``flush()`` pops everything still pending as partial batches (``Batch.partial``): in step mode
   one per open range, in arrival mode chunks of up to G groups (complete ones first); incomplete
-  groups are included, so nothing read is left out. The writer flushes on the end-of-run marker.
+  groups are included, so nothing read is left out. The writer flushes on the end-of-run marker. Such a
+  group is never short in silence: one WARNING line names it, its batch and how many episodes it lacks, and
+  ``incomplete_groups`` counts it (the manifest says ``complete: false``). Written, not quarantined: its
+  episodes are whole, and a member that will never come after the run's end has no data to wait for.
 * What a batch holds (``Batch``, ``GroupSummary``) and the staleness split of one (``split_stale``)
   are ``rollout_bus.consumers.shard_writer.batch``. A batch with no episode is not written: the
   caller logs it and calls ``done``; its seq is simply absent from the output (step seqs stay
@@ -51,6 +54,7 @@ Contract:
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +68,8 @@ from rollout_bus.wire.dead_letter import DlqKind
 from rollout_bus.wire.run_record import RunBatching
 
 __all__ = ["AddResult", "Batcher", "Outcome", "WrittenLookup"]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_WRITTEN_MEMORY = 64
 # seq -> {rollout key: attempt} of that batch as written (episodes and abandoned), or None when absent
@@ -145,6 +151,7 @@ class Batcher:
         self._touched: set[int] = set()
         self._completed: list[GroupKey] = []        # arrival: complete groups, completion order
         self._next_seq = first_seq
+        self.incomplete_groups = 0                  # groups flushed without all their members (``flush``)
 
     # ------------------------------------------------------------------ state
 
@@ -332,6 +339,8 @@ class Batcher:
             abandoned = sum(isinstance(m, AbandonedEpisode) for m in group.members.values())
             summaries.append(GroupSummary(key[0], key[1], group.group_size, len(group.members) - abandoned,
                                           abandoned))
+            if not summaries[-1].complete:
+                self._incomplete(seq, summaries[-1])
             members.extend(group.members.values())
             if self.batching == "arrival":
                 self._closed_groups[key] = seq
@@ -346,6 +355,15 @@ class Batcher:
         summaries.sort(key=lambda s: _group_order((s.adapter, s.group_index)))
         return Batch(seq, tuple(m for m in members if isinstance(m, Episode)), tuple(summaries), partial,
                      tuple(m for m in members if isinstance(m, AbandonedEpisode)))
+
+    def _incomplete(self, seq: int, group: GroupSummary) -> None:
+        """A group flushed short (the run ended before all its members came): never in silence."""
+        self.incomplete_groups += 1
+        logger.warning("INCOMPLETE group %s in batch %d: it lacks %d of its %d episodes (%d read, %d abandoned) "
+                       "and the run is over; written flagged (manifest complete: false)",
+                       _describe((group.adapter, group.group_index)), seq,
+                       group.group_size - group.episodes - group.abandoned, group.group_size, group.episodes,
+                       group.abandoned)
 
     def _forget_old(self) -> None:
         """Forget the keys of done batches older than the ``written_memory`` newest seqs."""

@@ -15,6 +15,8 @@ Contract:
 * Duplicates are harmless: the same (run, turns partition, episodes partition) seen twice counts
   once (both copies are held and released together). Markers of one run that disagree on
   ``turns_partitions`` are completed against the largest ``n`` seen, with a warning.
+* ``unfinished()``: every run with a marker held that still misses some, and which, per episodes partition
+  (for ``rollout_bus.consumers.shard_writer.lost_markers``: markers deleted before they were read).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class EndOfRunTracker:
         wanted = set(range(state.turns_partitions))
         return {p: sorted(wanted - state.seen.get(p, set())) for p in sorted(self.partitions)
                 if wanted - state.seen.get(p, set())}
+
+    def unfinished(self) -> dict[str, dict[int, list[int]]]:
+        """Every run with a marker seen that still misses some, and which (``missing``)."""
+        return {run: missing for run in sorted(self._runs) if (missing := self.missing(run))}
 
     def add(self, marker: EndOfRunMarker) -> bool:
         """Record one marker; True when it completes its run (returned once per run)."""

@@ -16,6 +16,8 @@ Contract:
   one after each record ``took``. When the consumer lands past it and the log now starts past it, the
   offsets from it up to the log start are lost: one ``lost`` dead letter per range (``letters.lost``,
   which logs the ERROR). A jump for any other reason (a transaction marker) is not.
+  Each range is also kept in ``lost`` (``lost_markers.LostRange``, in the order found), for the writer's
+  end-of-run decision when the end-of-run markers may have been among them.
 * ``lag()``: records of the topic not read yet. ``check_partitions()`` raises ``PartitionsChangedError``
   when the topic now has more partitions than are assigned (records on the new ones would never be
   read; the caller exits to be restarted). ``commit({partition: offset})`` commits those offsets.
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollout_bus.consumers.shard_writer.dead_letters import DeadLetters
+from rollout_bus.consumers.shard_writer.lost_markers import LostRange
 from rollout_bus.consumers.shard_writer.recovery import Retry
 from rollout_bus.errors import PartitionsChangedError
 from rollout_bus.kafka.clients import (KafkaConsumer, OffsetAndMetadata, TopicPartition, new_consumer,
@@ -51,6 +54,7 @@ class EpisodesReader:
         self._retry = retry
         self._letters = letters
         self._expected: dict[int, int] = {}  # the next offset each partition should hand over (a jump: lost?)
+        self.lost: list[LostRange] = []  # every range found deleted unread, in the order found
 
     @classmethod
     def open(cls, client_kwargs: Mapping[str, Any], topic: str, *, group_id: str, max_record_bytes: int,
@@ -97,7 +101,9 @@ class EpisodesReader:
         log_start = self._retry(lambda: self.consumer.beginning_offsets([tp], timeout_ms=OFFSETS_TIMEOUT_MS)[tp],
                                 f"the log start of {tp.topic}:{tp.partition}")
         if log_start > expected:
-            self._letters.lost(tp.partition, expected, min(log_start, reached) - expected, log_start)
+            count = min(log_start, reached) - expected
+            self._letters.lost(tp.partition, expected, count, log_start)
+            self.lost.append(LostRange(tp.topic, tp.partition, expected, count))
         self._expected[tp.partition] = reached
 
     def lag(self) -> int:

@@ -38,6 +38,7 @@ class WriterStats:
     broker_waits: int = 0
     disk_waits: int = 0  # writes retried because the output's disk was full
     records_lost: int = 0  # rollout.episodes records deleted before they were read (dead-lettered as lost)
+    incomplete_groups: int = 0  # groups the end-of-run flush wrote short (logged, manifest complete: false)
     pending: int = 0
     lag: int | None = None
     last_batch: int | None = None

@@ -17,6 +17,9 @@ Contract:
   written, and per partition the offset range the batch was read from (abandoned and stale
   records included). With the abandoned and stale episodes listed, a replay or a restart reaches
   the same decision from the log.
+* ``check_out_dir(out_dir, episodes_topic)`` refuses, reading only, what the writer would refuse later (a
+  directory it cannot write, another writer's, another run's batches: ``manifest_topics``), so the command
+  says it before it creates a topic or writes a record.
 * ``written_keys(out_dir, seq)`` reads back which rollout keys (and attempts) batch ``seq`` holds,
   as episode, abandoned or stale, from its manifest; None when the batch is not on disk (never written,
   dead-lettered, or every group of it abandoned). The writer's batcher looks up batches it no
@@ -44,7 +47,8 @@ from typing import Any
 
 from rollout_bus.consumers.shard_writer.batch import Batch
 from rollout_bus.consumers.shard_writer.episodes import GroupKey
-from rollout_bus.errors import ContractError
+from rollout_bus.consumers.shard_writer.writer_lock import WriterLockedError, held_by_another, unwritable
+from rollout_bus.errors import ConfigError, ContractError
 from rollout_bus.model.sample import AdapterRef
 from rollout_bus.model.metrics import compute_metrics_from_samples, compute_staleness_metrics
 from rollout_bus.wire.shard_announcement import ShardAnnouncement, announcement_value, parse_announcement
@@ -114,6 +118,35 @@ def _clear_incomplete(directory: Path, why: str) -> None:
         directory.rmdir()
     except OSError:
         pass  # something else lives there; leave it
+
+
+def manifest_topics(manifest: dict[str, Any]) -> list[str]:
+    """The topics a batch's episodes were read from, as its manifest's ``sources`` name them."""
+    sources = manifest.get("sources")
+    return sorted({s.get("topic") for s in sources if isinstance(s, dict)} if isinstance(sources, list) else ())
+
+
+def check_out_dir(out_dir: str | os.PathLike[str], episodes_topic: str | None = None, flag: str = "--out") -> None:
+    """Refuse, before anything is created or written, an output directory this process cannot write (a file,
+    read-only, unreadable: ``ConfigError``), one another writer holds (``WriterLockedError``), or, given the
+    writer's ``episodes_topic``, one holding batches read from another topic (another run's). Reads only."""
+    problem = unwritable(out_dir, flag)
+    if problem is not None:
+        raise ConfigError(problem)
+    held = held_by_another(out_dir)
+    if held is not None:
+        raise WriterLockedError(held)
+    if episodes_topic is None:
+        return
+    for directory in sorted(p for p in Path(out_dir).glob(BATCH_GLOB) if p.is_dir()):
+        try:
+            topics = manifest_topics(read_manifest(directory) or {})
+        except (ContractError, OSError):
+            continue  # an unreadable manifest: the writer's scan clears that batch
+        if topics and topics != [episodes_topic]:
+            raise ConfigError(f"{flag} {out_dir} holds batches of another run: {directory.name}'s episodes came "
+                              f"from {', '.join(topics)}, this writer reads {episodes_topic}; give this run an output "
+                              "directory of its own")
 
 
 def scan_out_dir(out_dir: str | os.PathLike[str]) -> list[WrittenBatch]:

@@ -43,7 +43,7 @@ from typing import Any, Protocol, TypeVar
 from rollout_bus.errors import ConfigError
 from rollout_bus.kafka.reader import read_topic
 from rollout_bus.consumers.shard_writer.batcher import Batcher
-from rollout_bus.consumers.shard_writer.out_dir import WrittenBatch, announced_ids, scan_out_dir
+from rollout_bus.consumers.shard_writer.out_dir import WrittenBatch, announced_ids, manifest_topics, scan_out_dir
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ def announced_on(conn: Mapping[str, Any], topic: str, retry: Retry) -> Announced
 def _foreign(written: list[WrittenBatch], topic: str) -> tuple[int, list[str]] | None:
     """The first batch on disk whose episodes came from another topic than ``topic``, and its topics."""
     for batch in written:
-        sources = batch.manifest.get("sources")
-        topics = sorted({s.get("topic") for s in sources if isinstance(s, dict)} if isinstance(sources, list) else ())
+        topics = manifest_topics(batch.manifest)
         if topics and topics != [topic]:
             return batch.seq, topics
     return None

@@ -52,6 +52,8 @@ Contract (docs/pipeline.md sections 4, 5 and 8):
   where the consumer lands, and while reading each record's offset with the one expected next; offsets
   below the partition's log start in between go to the DLQ as one ``lost`` letter per range, with an
   ERROR line, counted in ``WriterStats.records_lost`` (``rollout_bus.consumers.shard_writer.episodes_reader``).
+  With ``exit_on_end_of_run``, markers that can only have been among them are not awaited: every partition read
+  to its end offset, the run ends and ``run()`` raises ``RecordsLostError`` (``shard_writer.lost_markers``).
 * Broker outages of any length are ridden out: every Kafka operation (connecting, poll,
   end_offsets (read every ``LAG_INTERVAL_S`` for the progress line's lag), positions, sends and
   flushes, commits, reading announcements at start-up, waiting for a topic's partitions) retries
@@ -92,6 +94,7 @@ from rollout_bus.consumers.shard_writer.delivery import Outbox, Outgoing
 from rollout_bus.consumers.shard_writer.end_of_run import EndOfRunTracker
 from rollout_bus.consumers.shard_writer.episodes_reader import EpisodesReader
 from rollout_bus.consumers.shard_writer.episodes import AbandonedEpisode, EndOfRunMarker, parse_record
+from rollout_bus.consumers.shard_writer.lost_markers import RecordsLostError, describe_owed, runs_ended_by_loss
 from rollout_bus.consumers.shard_writer.decide import Decision, Verdict, decide, write_decided
 from rollout_bus.consumers.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.consumers.shard_writer.flow import batch_flow
@@ -138,6 +141,7 @@ class ShardWriter:
         self._committed: dict[int, int] = {}
         self._stop = False
         self._run_over = False
+        self._last_member: dict[int, int] = {}  # per partition, the offset of the last record read that is no marker
         self._tracker = EndOfRunTracker(())
         self._producer: KafkaProducer | None = None
         self._outbox: Outbox | None = None
@@ -221,11 +225,13 @@ class ShardWriter:
                 last_record = now
             self._write_all(self._batcher.ready())
             self._checkpoint()
-            self.stats.pending = self._batcher.pending_episodes
+            self.stats.pending, self.stats.incomplete_groups = self._batcher.pending_episodes, self._batcher.incomplete_groups
             if now - last_lag >= LAG_INTERVAL_S:
                 self.stats.lag, last_lag = self._reader.lag(), now
                 self._reader.check_partitions()
             self._on_progress(self.stats)
+            if not polled and opts.exit_on_end_of_run and self._reader.lost and not self._run_over:
+                self._end_if_lost()
             if self._reached_max():
                 logger.info("wrote max_batches=%d: stopping", opts.max_batches)
                 return
@@ -260,6 +266,7 @@ class ShardWriter:
         if isinstance(item, EndOfRunMarker):
             self._marker(item)
             return
+        self._last_member[record.partition] = record.offset
         result = self._batcher.add(item)
         abandoned = isinstance(item, AbandonedEpisode)
         if result.outcome is Outcome.ACCEPTED:
@@ -285,23 +292,38 @@ class ShardWriter:
         self._batcher.hold(marker.partition, marker.offset)
         if self._tracker.add(marker):
             self._write_all(self._batcher.ready())
-            self._end_run(marker.run)
+            self._end_run([marker.run])
 
-    def _end_run(self, run: str) -> None:
-        """Flush everything pending as partial batches; release the run's markers once all are written."""
+    def _end_if_lost(self) -> None:
+        """Markers still owed can only have been lost, and every partition is read to its end offset: end the run
+        as the markers would have, then stop with the verdict (``rollout_bus.consumers.shard_writer.lost_markers``)."""
+        unfinished = self._tracker.unfinished()
+        runs = runs_ended_by_loss(self._reader.partitions, self._reader.lost, self._last_member, unfinished)
+        if runs is None or not self._caught_up():
+            return
+        logger.error("%s", describe_owed(unfinished))
+        if self._end_run(runs):
+            self._checkpoint()
+            raise RecordsLostError(self._reader.lost)
+
+    def _end_run(self, runs: list[str]) -> bool:
+        """Flush everything pending as partial batches; once all are written, say each run's end on rollout.shards
+        and release its markers (False: ``max_batches`` stopped the flush, the markers stay held)."""
         batches = self._batcher.flush()
-        logger.info("end of run run=%s: flushing %d partial batches", run, len(batches))
+        logger.info("end of run run=%s: flushing %d partial batches", ",".join(runs) or "-", len(batches))
         self._write_all(batches)
         if self._batcher.unfinished_batches or self._batcher.pending_episodes:
-            return  # max_batches reached: the markers stay held, so the next process flushes the rest
-        ended = BatchesEnded(run, self._batcher.next_seq)
-        self._outbox.send(Outgoing(self.topics.shards, END_OF_RUN_KEY, ended.value(), ended.headers(),
-                                   f"end of run {run} on rollout.shards"))
+            return False  # the next process flushes the rest
+        for run in runs:  # released markers are committed only after the sends are confirmed (_checkpoint)
+            ended = BatchesEnded(run, self._batcher.next_seq)
+            self._outbox.send(Outgoing(self.topics.shards, END_OF_RUN_KEY, ended.value(), ended.headers(),
+                                       f"end of run {run} on rollout.shards"))
+            for marker in self._tracker.finished(run):
+                self._batcher.release(marker.partition, marker.offset)
         self._outbox.confirm()
-        for marker in self._tracker.finished(run):
-            self._batcher.release(marker.partition, marker.offset)
-        self.stats.runs_ended += 1
+        self.stats.runs_ended += len(runs)
         self._run_over = True
+        return True
 
     # ------------------------------------------------------------------ batches
 

@@ -42,7 +42,7 @@ def apply(
         if not dry_run:
             apply_bindings(kafka.client_kwargs(), bindings)
     except (BrokerError, ConfigError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     for user, binding in bindings:
         print(f"User:{user} ALLOW {binding}")
@@ -70,7 +70,7 @@ def list_acls(bootstrap_servers: str | None = options.BOOTSTRAP) -> None:
     try:
         found = list_bindings(kafka.client_kwargs())
     except BrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     table = Table("principal", "resource", "pattern", "name", "operation", title=f"ACLs ({len(found)})")
     for principal, b in found:

@@ -9,9 +9,11 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.config import BatchingSettings, KafkaSettings
-from rollout_bus.errors import BrokerError, ConfigError
+from rollout_bus.errors import BrokerError, ConfigError, ContractError
 from rollout_bus.local_kafka.local_broker import BrokerLease
 from rollout_bus.demo.run import DemoOptions, run_demo
+from rollout_bus.demo.run_dir import out_problem
+from rollout_bus.wire.topics import check_prefix
 
 console = Console(stderr=True)
 
@@ -65,6 +67,7 @@ def demo(
     run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
                                          max_staleness=max_staleness)
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
+    _refuse_mistakes(topic_prefix, out)
     run_options = DemoOptions(episodes=episodes or (LEARN_EPISODES if learn else 64), seed=seed, adapters=adapters,
                               n_samples_per_prompt=n_samples_per_prompt or (LEARN_SAMPLES_PER_PROMPT if learn else 4),
                               batching=run_batching, dp_size=dp_size, out=out, topic_prefix=topic_prefix,
@@ -95,6 +98,19 @@ def _refuse_unrunnable(run_batching: BatchingSettings, *, train: bool, secure: b
         raise typer.Exit(2)
 
 
+def _refuse_mistakes(topic_prefix: str | None, out: Path | None) -> None:
+    """Exit 2 in one line, before a broker, a topic or a file is touched, on a prefix Kafka would refuse or an
+    --out that is a file, read-only, or holds another run."""
+    if topic_prefix is not None:
+        try:
+            check_prefix(topic_prefix)
+        except ContractError as exc:
+            options.refuse(f"--topic-prefix: {exc}")
+    problem = None if out is None else out_problem(out)
+    if problem is not None:
+        options.refuse(problem)
+
+
 def _run_on_broker(settings: KafkaSettings, run_options: DemoOptions, *, port: int, secure: bool) -> int:
     """Run the demo on the given cluster, or on a local broker leased for it; exit 1 when there is none."""
     try:
@@ -105,7 +121,8 @@ def _run_on_broker(settings: KafkaSettings, run_options: DemoOptions, *, port: i
                 conn, run_options.principals = lease.broker.connection(), lease.broker.secure.directory
             else:
                 conn = {**settings.client_kwargs(), "bootstrap_servers": bootstrap}
+            options.cluster_answers(conn)  # a closed port is said at once, in one line
             return run_demo(conn, run_options, console)
     except (BrokerError, ConfigError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc

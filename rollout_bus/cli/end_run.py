@@ -5,7 +5,8 @@ run): once every one of them has exited 0, the operator closes the run with this
 writer writes the run's last, partial batch. It sends the same records ``generate`` sends at its
 end (``TurnPublisher.publish_end_of_run``): one end-of-run record on every partition of
 rollout.turns, and exits 0 once the broker has acknowledged them all. Sending it twice is
-harmless (the shard writer has already closed the run). Also ``python -m rollout_bus.cli.end_run``.
+harmless (the shard writer has already closed the run). A cluster that does not answer is said in one
+line within seconds (exit 1), before anything is sent. Also ``python -m rollout_bus.cli.end_run``.
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ def end_run(
     kwargs = kafka.client_kwargs()
     bootstrap = kwargs.pop("bootstrap_servers")
     topic = kafka.topics().turns
+    options.cluster_answers(kafka.client_kwargs())  # a closed port is said at once, in one line
     try:
         if not existing_topics({**kwargs, "bootstrap_servers": bootstrap}, [topic]):
-            console.print(f"[red]error:[/red] topic {topic} does not exist at {bootstrap} (check --topic-prefix)")
+            options.say_error(f"topic {topic} does not exist at {bootstrap} (check --topic-prefix)")
             raise typer.Exit(1)
         with TurnPublisher(bootstrap, topic=topic, max_record_bytes=kafka.max_record_bytes,
                            delivery_timeout_s=GenerateSettings().delivery_timeout_s, **kwargs) as publisher:
             partitions = publisher.publish_end_of_run(run_id)
     except RolloutBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     console.print(f"run {run_id} closed on {partitions} partitions of {topic}")
 

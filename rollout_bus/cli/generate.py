@@ -18,7 +18,9 @@ one run pass one ``--run-id`` and ``--no-end-of-run``; then one of them (the las
 without ``--no-end-of-run``), or the operator with ``rollout-bus end-run --run-id``, closes the
 run once all are done. A broker outage shorter than ``--delivery-timeout`` (15 min) is ridden
 out: records wait in the producer, a WARNING line every 10 s and the progress line say so; a
-generator started while the broker is down waits for it as long, with the same WARNING lines.
+generator started while the broker is down waits for it as long, with the same WARNING lines (the first at
+once for a closed port). A bad ``--topic-prefix`` or a ``--summary-out`` that could not be written is refused in
+one line (exit 2) before anything is sent.
 
 The control loop: with ``--follow-weights`` each engine call is stamped with the trainer's live
 weight version (read from rollout.weights); with ``--max-staleness K`` (implies following) a group of
@@ -28,7 +30,9 @@ then stops the generator at the next group boundary or during the wait: what was
 the run is not closed, and it exits 128 + the signal number (a second signal stops it at once). The
 summary names the least and greatest live versions seen. With a bound, the generator first declares
 its batching on rollout.run (or checks the run's, as the shard writer does): a mismatch exits 2
-naming the setting, before any turn is sent.
+naming the setting, before any turn is sent. ``--engine policy`` refuses a published version whose
+checkpoint is missing or fails its sha256 by name (``version 3 at file:///...: missing``); with no
+verified weights ``--weights-wait-s`` (120) after that, it exits 66 (``EXIT_NO_USABLE_WEIGHTS``) naming them.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings, KafkaSettings
-from rollout_bus.errors import ConfigError, RolloutBusError, Stopped
+from rollout_bus.errors import EXIT_NO_USABLE_WEIGHTS, ConfigError, NoUsableWeights, RolloutBusError, Stopped
 from rollout_bus.consumers.feed.weights import WeightWatcher
 
 if TYPE_CHECKING:
@@ -165,16 +169,19 @@ def _generate(settings: GenerateSettings, kafka: KafkaSettings) -> tuple[Generat
         return _run(settings, kafka)
     except Stopped as exc:
         if signals.signum is None:  # not ours: a wait for the broker given up
-            console.print(f"[red]error:[/red] {exc}")
+            options.say_error(exc)
             raise typer.Exit(1) from exc
         console.print(f"stopped ({signal.Signals(signals.signum).name}): {exc}; what was sent is flushed, "
                       "the run is left open")
         raise typer.Exit(128 + signals.signum) from exc
     except ConfigError as exc:
-        console.print(f"[red]generator refused:[/red] {exc}")
+        options.say_error(exc, "generator refused")
         raise typer.Exit(2) from exc
+    except NoUsableWeights as exc:
+        options.say_error(exc)  # one line, whatever the width
+        raise typer.Exit(EXIT_NO_USABLE_WEIGHTS) from exc
     except RolloutBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
 
 
@@ -194,6 +201,13 @@ def _report(summary: GenerateSummary, seconds: float, summary_out: Path | None) 
         console.print(f"weights: live versions {summary.live_version_min}..{summary.live_version_max}, "
                       f"{summary.weight_waits} wait{'' if summary.weight_waits == 1 else 's'} for the trainer "
                       f"({summary.weight_waited_s:.1f}s)")
+
+
+def _check_summary_out(summary_out: Path | None) -> None:
+    """Refuse, before any topic or record, a ``--summary-out`` that could not be written at the end."""
+    if summary_out is not None and summary_out.is_dir():
+        options.refuse(f"--summary-out {summary_out} is a directory; give a file name")
+    options.writable_dir(None if summary_out is None else summary_out.parent, "--summary-out's directory")
 
 
 EPISODES = typer.Option(None, "--episodes", help="Episodes in all (groups = ceil(episodes / n)).")
@@ -236,6 +250,12 @@ GENERATOR_INDEX = typer.Option(None, "--generator-index", min=0,
 ENGINE = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or 'policy' (the "
                       "real policy on the calculator task, following the trainer's weights when --follow-weights or "
                       "--max-staleness is given).")
+WEIGHTS_WAIT_S = typer.Option(None, "--weights-wait-s", min=0.0,
+                              help="--engine policy following the trainer: seconds to wait, after a published "
+                                   "version's checkpoint was refused (missing, or failing its sha256) and with no "
+                                   "verified one to generate from, for a newer version before exiting "
+                                   f"{EXIT_NO_USABLE_WEIGHTS} (default 120; 0: for ever). A generator with "
+                                   "verified weights goes on with them.")
 SUMMARY_OUT = typer.Option(None, "--summary-out", help="Write the run summary here as JSON.")
 
 
@@ -253,7 +273,7 @@ def generate(
     max_staleness: int | None = options.MAX_STALENESS, groups_per_batch: int | None = options.GROUPS_PER_BATCH,
     batching: str | None = options.BATCHING, interrupt_prob: float | None = INTERRUPT_PROB,
     generators: int | None = GENERATORS, generator_index: int | None = GENERATOR_INDEX, engine: str | None = ENGINE,
-    summary_out: Path | None = SUMMARY_OUT,
+    weights_wait_s: float | None = WEIGHTS_WAIT_S, summary_out: Path | None = SUMMARY_OUT,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
@@ -268,7 +288,8 @@ def generate(
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
         batching=batching, interrupt_prob=interrupt_prob, engine=engine, generators=generators,
-        generator_index=generator_index)
+        generator_index=generator_index, weights_wait_s=weights_wait_s)
+    _check_summary_out(summary_out)
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     summary, seconds = _generate(settings, kafka)
     _report(summary, seconds, summary_out)

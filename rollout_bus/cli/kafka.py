@@ -38,7 +38,7 @@ def start(port: int = options.PORT, data_dir: Path | None = options.DATA_DIR,
         broker = _broker(port, data_dir, secure)
         status = broker.start(timeout_s=timeout, echo=lambda m: console.print(f"[dim]{m}[/dim]"))
     except (BrokerError, ConfigError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     console.print(f"kafka {status.detail} in {time.monotonic() - began:.1f}s; data in {status.data_dir}")
     if broker.secure is not None:
@@ -66,7 +66,7 @@ def secrets(directory: Path = typer.Option(Path("compose/secrets"), "--dir", hel
     try:
         written = ComposeSecrets(directory.resolve()).prepare(java_executable(), hosts)
     except (BrokerError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     console.print(f"compose secrets in {directory.resolve()} (certificate for {', '.join(hosts)}): "
                   f"{len(written)} files; export ROLLOUT_BUS_SECRETS_DIR={directory.resolve()}")
@@ -109,11 +109,11 @@ def tool(ctx: typer.Context, name: str = typer.Argument(..., help=f"One of: {', 
     127.0.0.1:9092 --describe --all-groups`."""
     main_class = KAFKA_TOOLS.get(name)
     if main_class is None:
-        console.print(f"[red]error:[/red] no Kafka tool {name!r}; choose one of {', '.join(KAFKA_TOOLS)}")
+        options.say_error(f"no Kafka tool {name!r}; choose one of {', '.join(KAFKA_TOOLS)}")
         raise typer.Exit(2)
     try:
         java, libs = java_executable(), ensure_jars(echo=lambda m: console.print(f"[dim]{m}[/dim]"))
     except BrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     os.execv(java, [java, "-Xmx512m", "-cp", classpath(libs), main_class, *ctx.args])

@@ -3,18 +3,27 @@
 ``kafka_settings`` builds the connection settings from the flags a user set (environment variables
 and defaults fill the rest); ``plain_values`` turns a role's settings into the plain values its stage takes
 (settings end here: no stage imports ``rollout_bus.config``); ``configure_logging`` is the one logging setup
-of every command, also when a stage runs as ``python -m rollout_bus.cli.<stage>``.
+of every command, also when a stage runs as ``python -m rollout_bus.cli.<stage>``. ``refuse``,
+``writable_dir`` and ``cluster_answers`` are the checks every command makes first, before it creates a topic,
+writes a record or touches a file: an operator's mistake is one line and exit 2, a cluster that does not answer
+one line within seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import typer
+from rich.console import Console
+from rich.markup import escape
 from pydantic import BaseModel, ValidationError
 
+from rollout_bus.consumers.shard_writer.writer_lock import unwritable
+from rollout_bus.errors import BrokerError
+from rollout_bus.kafka.admin import require_cluster
 from rollout_bus.kafka.client_logs import quiet_client_logs
 from rollout_bus.config import DEFAULT_DP_SIZE, BatchingSettings, KafkaSettings
 
@@ -45,12 +54,42 @@ def plain_values(cls: type[S], settings: BaseModel, **worked_out: Any) -> S:
 
 
 def kafka_settings(bootstrap_servers: str | None, topic_prefix: str | None, **more: object) -> KafkaSettings:
-    """The connection settings; an unusable one (a prefix Kafka would refuse) is a usage error naming it."""
+    """The connection settings; an unusable one (a prefix Kafka would refuse) is refused in one line naming it."""
     try:
         return KafkaSettings(**given(bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, **more))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise typer.BadParameter(problems) from exc
+        refuse(problems)
+
+
+def say_error(problem: object, label: str = "error") -> None:
+    """One red line on stderr, unwrapped; the problem printed as text, so a key like ``[null,null,"a",1,2]`` in
+    it is not read as markup and dropped."""
+    Console(stderr=True).print(f"[red]{label}:[/red] {escape(str(problem))}", soft_wrap=True)
+
+
+def refuse(problem: str) -> NoReturn:
+    """An operator's mistake, found before anything was created or written: one line on stderr, exit 2."""
+    typer.echo(f"error: {problem}", err=True)
+    raise typer.Exit(2)
+
+
+def writable_dir(directory: Path | str | None, flag: str) -> None:
+    """Refuse (``refuse``) a directory the command would write that is a file, read-only or unreadable
+    (``writer_lock.unwritable``, the shard writer's own check), before anything is created or written."""
+    problem = None if directory is None or str(directory) == "" else unwritable(directory, flag)
+    if problem is not None:
+        refuse(problem)
+
+
+def cluster_answers(client_kwargs: dict[str, Any]) -> None:
+    """For a command that does not ride out an outage: exit 1 with one line (the bootstrap and why) unless the
+    cluster answers within seconds (``kafka.admin.require_cluster``; a closed port at once)."""
+    try:
+        require_cluster(client_kwargs)
+    except BrokerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def configure_logging(verbose: bool = False) -> None:

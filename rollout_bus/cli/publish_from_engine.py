@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from rollout_bus.cli import options
 from rollout_bus.config import GenerateSettings
@@ -71,7 +70,7 @@ def publish_from_engine(
                              group_size=group_size, attempt=attempt)
             publisher.flush()
     except (RolloutBusError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     mask = sample.rollout_sampling_mask
     sizes = [] if mask is None else [int(mask.row(t).size) for t in range(sample.response_length)]

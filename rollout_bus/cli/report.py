@@ -37,20 +37,20 @@ def report(
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     topics = kafka.topics()
     if shards is not None and not shards.is_dir():
-        console.print(f"[red]error:[/red] --shards {shards} is not a directory")
+        options.say_error(f"--shards {shards} is not a directory")
         raise typer.Exit(2)
     learning = None
     if train is not None:
         from rollout_bus.consumers.feed.training import TRAINED_NAME, read_trained  # torch: only when asked for
 
         if not (train / TRAINED_NAME).is_file():
-            console.print(f"[red]error:[/red] --train {train} holds no {TRAINED_NAME}")
+            options.say_error(f"--train {train} holds no {TRAINED_NAME}")
             raise typer.Exit(2)
         learning = learning_curve(read_trained(train))
     try:
         run = read_run(kafka.client_kwargs(), topics, timeout_s=timeout)
     except BrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     manifests = list(written_batches(shards).values()) if shards is not None else []
     chosen = [name.strip() for item in adapter for name in item.split(",") if name.strip()]

@@ -2,7 +2,9 @@
 
 Also ``python -m rollout_bus.cli.shards``. Progress goes to stderr with rich; exit 0 when the
 writer stops as asked (``--exit-on-end-of-run``, ``--exit-when-idle``, ``--max-batches``, SIGTERM).
-Broker outages never end it: the writer waits, logging one line per retry. ``--max-staleness K``
+Broker outages never end it: the writer waits, logging one line per retry. With ``--exit-on-end-of-run``,
+a run whose end-of-run markers were deleted unread ends once every partition is read to its end, and the
+writer exits 65 with one ERROR line naming every lost range (``shard_writer.lost_markers``). ``--max-staleness K``
 (or ``ROLLOUT_BUS_MAX_STALENESS``, ``BatchingSettings.max_staleness``) turns on the staleness net of step
 batching (``rollout_bus.consumers.shard_writer.staleness``); the progress line counts the episodes it dropped.
 Before it reads anything, the writer declares its batching on rollout.run (or checks the run's):
@@ -18,6 +20,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from rollout_bus.consumers.shard_writer.lost_markers import EXIT_RECORDS_LOST, RecordsLostError
+from rollout_bus.consumers.shard_writer.out_dir import check_out_dir
 from rollout_bus.consumers.shard_writer.writer import ShardWriter
 from rollout_bus.consumers.shard_writer.options import WriterOptions, WriterStats
 from rollout_bus.cli import options
@@ -60,7 +64,9 @@ def shards(
                                              "episodes stay uncommitted for the next run)."),
     exit_on_end_of_run: bool = typer.Option(False, "--exit-on-end-of-run",
                                             help="Exit 0 once the run's end-of-run markers arrived and its last, "
-                                                 "partial batch is written and committed."),
+                                                 "partial batch is written and committed; exit 65, naming "
+                                                 "every lost range, when records deleted unread may have "
+                                                 "held the markers and every partition is read to its end."),
     max_batches: int | None = typer.Option(None, "--max-batches", help="Exit 0 after writing this many batches."),
     max_staleness: int | None = options.MAX_STALENESS,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
@@ -75,13 +81,26 @@ def shards(
     writer_options = options.plain_values(
         WriterOptions, settings, out_dir=Path(settings.out), run_batching=settings.run_batching(),
         group_id=kafka.topics().group(settings.group_id), max_record_bytes=kafka.max_record_bytes)
+    try:  # a --out that is a file, read-only, another writer's or another run's: said before any topic or record
+        check_out_dir(writer_options.out_dir, kafka.topics().episodes)
+    except ConfigError as exc:
+        options.refuse(f"shard writer refused: {exc}")
     console.print(_banner(kafka.topics().episodes, writer_options))
     wait_for_cluster(kafka.client_kwargs(), None)  # a bootstrap that never answers is said within seconds, and why
     try:
         check_run_batching(kafka.client_kwargs(), kafka.topics(), settings.run_batching(declared_by("shard writer")))
     except ConfigError as exc:
-        console.print(f"[red]shard writer refused:[/red] {exc}")
-        raise typer.Exit(2) from exc
+        options.refuse(f"shard writer refused: {exc}")
+    stats = _write_shards(kafka, writer_options)
+    console.print(_progress_line(stats))
+    if stats.batches_found:
+        console.print(f"found {stats.batches_found} complete batches on disk "
+                      f"({stats.batches_reannounced} announced now)")
+
+
+def _write_shards(kafka, writer_options: WriterOptions):
+    """Run the writer until it stops; a refusal or a stage error becomes its exit code (one line each)."""
+    log = logging.getLogger("rollout_bus.consumers.shard_writer")
     with console.status("shards: starting") as status:
         writer = ShardWriter(kafka.client_kwargs(), kafka.topics(), writer_options,
                              on_progress=lambda stats: status.update(_progress_line(stats)))
@@ -89,20 +108,18 @@ def shards(
         # collection no longer scans it (a 76 ms pause, measured) between batches
         gc.freeze()
         try:
-            stats = writer.run()
+            return writer.run()
         except KeyboardInterrupt:
-            stats = writer.stats
+            return writer.stats
         except ConfigError as exc:  # another writer holds --out, or --out holds another run's batches
-            console.print(f"[red]shard writer refused:[/red] {exc}")
-            raise typer.Exit(2) from exc
+            options.refuse(f"shard writer refused: {exc}")
         except PartitionsChangedError as exc:
-            logging.getLogger("rollout_bus.consumers.shard_writer").error("%s", exc)
+            log.error("%s", exc)
             raise typer.Exit(EXIT_PARTITIONS_CHANGED) from exc
-    console.print(_progress_line(stats))
-    if stats.batches_found:
-        console.print(f"found {stats.batches_found} complete batches on disk "
-                      f"({stats.batches_reannounced} announced now)")
-
+        except RecordsLostError as exc:  # --exit-on-end-of-run: the run ended, its end-of-run markers lost
+            console.print(_progress_line(writer.stats))
+            log.error("%s", exc)
+            raise typer.Exit(EXIT_RECORDS_LOST) from exc
 
 if __name__ == "__main__":
     typer.run(shards)

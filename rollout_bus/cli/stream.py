@@ -1,7 +1,8 @@
 """``rollout-bus stream``: the Faust stream worker (merges turns into episodes, windowed metrics).
 
 Thin: parse flags, build ``KafkaSettings`` and ``StreamSettings`` (flags, then ``ROLLOUT_BUS_*``,
-then defaults), call ``rollout_bus.streams.worker.run_worker``, exit with its status.
+then defaults), call ``rollout_bus.streams.worker.run_worker``, exit with its status. A ``--data-dir`` that is a
+file, read-only or unreadable, or a bad ``--topic-prefix``, is refused in one line (exit 2) before anything.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def stream(
     settings = options.role_settings(StreamSettings, app_id=app_id, window_seconds=window_seconds,
                                      window_grace_seconds=grace_seconds, data_dir=data_dir,
                                      stats_interval_seconds=stats_interval, replication_factor=replication_factor)
+    options.writable_dir(settings.data_dir or None, "--data-dir")  # before a topic is made or a file written
     topics = kafka.topics()
     status = run_worker(app_id=topics.group(settings.app_id), client_kwargs=kafka.client_kwargs(), topics=topics,
                         window_seconds=settings.window_seconds, grace_seconds=settings.window_grace_seconds,

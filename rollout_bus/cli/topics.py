@@ -56,10 +56,10 @@ def create(
         created = ensure_topics(kwargs, topics, replication_factor=replication_factor,
                                 max_record_bytes=kafka.max_record_bytes)
     except BrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     except Exception as exc:  # kafka-python's errors (authorization, invalid replication factor, ...)
-        console.print(f"[red]error:[/red] creating topics at {kwargs['bootstrap_servers']} failed: {exc!r}")
+        options.say_error(f"creating topics at {kwargs['bootstrap_servers']} failed: {exc!r}")
         raise typer.Exit(1) from exc
     kept = [name for name in topics.names() if name not in created]
     console.print(f"topics at {kwargs['bootstrap_servers']}: {len(created)} created "

@@ -4,7 +4,9 @@ the stand-in's; thin: parse, settle, run.
 Also ``python -m rollout_bus.cli.train`` (and ``python -m rollout_bus.cli.train_sim``). Either follows
 rollout.shards for the given DP ranks, logs one ``trained seq=`` line per batch, shows progress on stderr,
 checkpoints atomically to ``--checkpoint-dir`` and resumes from there when restarted. Exit 0 at the run's end
-(or after ``--max-batches``); 1 on a feed timeout, a bad shard or a checkpoint that does not fit.
+(or after ``--max-batches``); 1 on a feed timeout, a bad shard or a checkpoint that does not fit, or a cluster
+that does not answer within ``--timeout`` (said at once as one WARNING line); 2, in one line before anything is
+written, on a ``--checkpoint-dir`` that is a file, read-only or unreadable, or a bad ``--topic-prefix``.
 
 * ``train``: the real trainer (``rollout_bus.learn.trainer``): the generators' own policy, trained with
   decoupled PPO/TIS on support-restricted log-probs; every new version's checkpoint published on
@@ -26,6 +28,7 @@ from rich.console import Console
 
 from rollout_bus.cli import options
 from rollout_bus.errors import RolloutBusError
+from rollout_bus.kafka.admin import wait_for_cluster
 from rollout_bus.sim.trainer import DEFAULT_VOCAB_SIZE, TrainSimOptions, run_train_sim
 
 console = Console(stderr=True)
@@ -61,6 +64,7 @@ def run_command(name: str, run: Callable[..., Any], make_options: Callable[..., 
     progress line while it trains, the summary, and exit 1 on the project's errors."""
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
+    options.writable_dir(step.get("checkpoint_dir"), "--checkpoint-dir")  # before a record or a file is written
     connection = kafka.client_kwargs()
     run_options = make_options(bootstrap_servers=connection.pop("bootstrap_servers"), kafka=connection,
                                topic_prefix=kafka.topic_prefix, ranks=parse_ranks(ranks, dp_size), dp_size=dp_size,
@@ -68,6 +72,12 @@ def run_command(name: str, run: Callable[..., Any], make_options: Callable[..., 
     weights = f", weights -> {kafka.topics().weights}" if show_weights else ""
     console.print(f"{name}: {kafka.topics().shards} ranks={','.join(map(str, run_options.ranks))} "
                   f"dp_size={dp_size} -> {run_options.checkpoint_dir}{weights}", soft_wrap=True)
+
+    try:  # a closed port: one WARNING line at once, then the wait for a batch's --timeout
+        wait_for_cluster(kafka.client_kwargs(), run_options.timeout_s)
+    except RolloutBusError as exc:
+        options.say_error(exc)
+        raise typer.Exit(1) from exc
 
     def show(progress: Any) -> None:
         loss = "" if progress.loss is None else f", loss {progress.loss:.5f}"
@@ -78,7 +88,7 @@ def run_command(name: str, run: Callable[..., Any], make_options: Callable[..., 
         with console.status(f"{name}: waiting for the first batch") as status:
             result = run(run_options, on_progress=show)
     except RolloutBusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        options.say_error(exc)
         raise typer.Exit(1) from exc
     console.print(result.summary(), soft_wrap=True)
 

@@ -12,7 +12,8 @@ end; the demo waits for it, and succeeds only if every written batch was trained
 rank, in seq order (``feed.training.reconcile_training`` over its ``trained.jsonl``). With ``learn``
 the generator samples from the real policy (``generate --engine policy``) and the fourth process is
 ``rollout-bus train``, which ships every version back; the demo then also succeeds only if the reward
-rose (``observe.learning``: the curve, printed and written to ``learn.json``).
+rose (``observe.learning``: the curve, printed and written to ``learn.json``). The run directory says whose
+it is (``run_dir``: ``run.json``, the run id and topic prefix), written before anything else.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -39,7 +41,10 @@ from rollout_bus.observe.learning import learning_curve, reward_charts
 from rollout_bus.observe.flow_fold import fold_flow
 from rollout_bus.observe.flow_tables import flow_tables
 from rollout_bus.demo.processes import StageProcess
+from rollout_bus.demo.run_dir import claim_run_dir
 from rollout_bus.consumers.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
+from rollout_bus.consumers.shard_writer.lost_markers import EXIT_RECORDS_LOST
+from rollout_bus.demo.problems import print_problems, records_lost_verdict
 from rollout_bus.wire.metrics_records import METRIC_PREFIX
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
@@ -52,7 +57,6 @@ STREAM_APP_ID, SHARDS_GROUP_ID = "rollout-bus-stream", "rollout-bus-shards"
 LEARN_SAMPLING = {"temperature": 1.0, "top_p": 0.9, "top_k": 20}
 LEARN_JSON = "learn.json"
 LEARN_PLOTS = ("learn-reward-by-batch.svg", "learn-reward-by-time.svg")
-
 @dataclass
 class DemoOptions:
     """What the demo runs; defaults finish well under two minutes on two cores."""
@@ -255,6 +259,8 @@ class DemoRun:
         train-sim at the run's end)."""
         for name, stage in self.stages.items():
             code = stage.poll()
+            if name == "shards" and code == EXIT_RECORDS_LOST:
+                return records_lost_verdict(stage)
             if code not in (None, 0) or (code == 0 and name not in ("generate", "shards", "train")):
                 return f"stage {name} exited with code {code}; last lines of {stage.log_path}:\n{stage.log_tail()}"
         return None
@@ -263,6 +269,7 @@ class DemoRun:
 def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> int:
     """Run the pipeline once; print progress, metrics and where the shards are; return the exit code."""
     run = DemoRun(client_kwargs, options, console)
+    claim_run_dir(run.out, run.run_id, run.topics.prefix)
     created = ensure_topics(client_kwargs, run.topics, max_record_bytes=options.max_record_bytes)
     console.print(f"run {run.run_id}: topics {run.topics.prefix}rollout.* ({len(created)} created), out {run.out}")
     if run.roles is not None:
@@ -287,15 +294,13 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
     if training is not None:
         console.print(f"{training.summary()} (checkpoints: {run.train_dir.resolve()})", soft_wrap=True)
     if failure:
-        console.print(f"[red]demo failed:[/red] {failure}")
+        console.print(f"[red]demo failed:[/red] {escape(failure)}", soft_wrap=True)
         return 1
     if final is None or not final.ok:
-        for problem in (final.problems() if final else ["the generator wrote no summary"]):
-            console.print(f"[red]{problem}[/red]")
+        print_problems(console, final.problems() if final else ["the generator wrote no summary"])
         return 1
     if training is not None and not training.ok:
-        for problem in training.problems():
-            console.print(f"[red]{problem}[/red]")
+        print_problems(console, training.problems())
         return 1
     if options.learn and not report_learning(console, run, options):
         return 1
@@ -305,8 +310,7 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         console.print(f"staleness: at most {worst} steps (bound {bound}) over "
                       f"{len(written_batches(run.out / 'shards'))} batches; generators held to it by rollout.weights "
                       "(their waits: the flow table)")
-        for problem in problems:
-            console.print(f"[red]{problem}[/red]")
+        print_problems(console, problems)
         return 1 if problems else 0
     return 0
 
@@ -375,6 +379,9 @@ def print_report(console: Console, run: DemoRun, result: Reconciliation | None, 
         console.print(f"episodes sent {result.sent}: {result.in_shards} in shards, {result.in_dlq_only} only in "
                       f"the DLQ ({len(result.valid_in_dlq_only)} of them valid episodes lost); {result.batches} "
                       f"batches; dead letters by stage/kind: {result.dlq_reasons or 'none'}")
+        if result.incomplete_groups:
+            console.print(f"{len(result.incomplete_groups)} groups written short (manifest complete: false), e.g. "
+                          f"{result.incomplete_groups[:5]}", markup=False)
     console.print(f"shards: {(run.out / 'shards').resolve()}  (logs: {(run.out / 'logs').resolve()})")
     console.print(f"finished in {elapsed_s:.1f}s")
 

@@ -22,7 +22,9 @@ Contract of ``ensure_topics``:
 ``wait_for_cluster(client_kwargs, timeout_s)`` polls until the cluster answers, with a WARNING at the
 first failed probe and every 10 s after, saying why (refused, unresolved, dropped: ``reachability``), while it
 does not (a stage started during a broker outage waits it out instead of failing),
-and raises ``BrokerError`` after ``timeout_s``.
+and raises ``BrokerError`` after ``timeout_s``. ``require_cluster(client_kwargs)`` is the one-shot of it: a
+``BrokerError`` within seconds (at once for a closed port). Both probe with kafka-python's own log lines muted
+and say a port no address of which accepts TCP without building a client.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from kafka.errors import AuthorizationError, KafkaError, TopicAlreadyExistsError
 from rollout_bus.errors import BrokerError
 from rollout_bus.kafka.clients import KafkaAdminClient, new_admin
 from rollout_bus.kafka.limits import topic_config
-from rollout_bus.kafka.reachability import diagnose
+from rollout_bus.kafka.client_logs import muted_client_logs
+from rollout_bus.kafka.reachability import diagnose, unreachable
 from rollout_bus.kafka.retry import describe
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, TopicSpec, Topics
 
@@ -120,35 +123,57 @@ def _own_config(spec: TopicSpec) -> dict[str, str]:
     return {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
-def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float | None, *, log_every_s: float = 10.0,
-                     probe_timeout_s: float = 5.0) -> None:
-    """Return once the cluster answers a metadata request; WARNING every ``log_every_s`` while it
-    does not, the first one after the first failed probe, each saying why (``reachability.diagnose``:
-    refused, unresolved, dropped, or past TCP); ``BrokerError`` after ``timeout_s``, with the same
-    reason; ``timeout_s`` None waits as long as it takes (a stage whose job is to ride out outages).
-    Uses the full client settings (SASL/SSL too)."""
-    began = time.monotonic()
-    last_log = None
+def _probe(client_kwargs: dict[str, Any], probe_timeout_s: float) -> str | None:
+    """None when the cluster answers a metadata request, else why not. A bootstrap no address of which accepts
+    a TCP connection is said by ``reachability.unreachable`` without building a client; the client's own
+    log lines are muted while it asks (the caller says the failure once, in its words)."""
+    servers = client_kwargs.get("bootstrap_servers") or ""
+    closed = unreachable(servers, timeout_s=min(2.0, probe_timeout_s))
+    if closed is not None:
+        return closed
     probe_ms = int(probe_timeout_s * 1000)
-    servers = client_kwargs.get("bootstrap_servers")
-    while True:
+    with muted_client_logs():
         try:
             admin = new_admin(client_kwargs, bootstrap_timeout_ms=probe_ms, request_timeout_ms=probe_ms)
             try:
                 admin.list_topics()
-                return
+                return None
             finally:
                 admin.close()
         except (BrokerError, KafkaError) as exc:
-            now = time.monotonic()
-            if timeout_s is not None and now - began >= timeout_s:
-                raise BrokerError(f"no Kafka cluster answered at {servers!r} within {timeout_s:.0f}s: "
-                                  f"{diagnose(servers or '', connection=client_kwargs)} ({exc})") from exc
-            if last_log is None or now - last_log >= log_every_s:
-                last_log = now
-                limit = f"gives up after {timeout_s:.0f}s" if timeout_s is not None else "until it answers"
-                logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs: %s (retrying %s)",
-                               servers, now - began, diagnose(servers or "", connection=client_kwargs), limit)
+            return f"{diagnose(servers, connection=client_kwargs)} ({exc})"
+
+
+def require_cluster(client_kwargs: dict[str, Any], timeout_s: float = 5.0) -> None:
+    """``BrokerError`` (one line: the bootstrap and why) unless the cluster answers within ``timeout_s``;
+    for the commands that do not ride out an outage (``end-run``, ``demo``): they say it at once."""
+    why = _probe(client_kwargs, timeout_s)
+    if why is not None:
+        raise BrokerError(f"no Kafka cluster answered at {client_kwargs.get('bootstrap_servers')!r}: {why}")
+
+
+def wait_for_cluster(client_kwargs: dict[str, Any], timeout_s: float | None, *, log_every_s: float = 10.0,
+                     probe_timeout_s: float = 5.0) -> None:
+    """Return once the cluster answers a metadata request; WARNING every ``log_every_s`` while it
+    does not, the first one after the first failed probe (at once for a closed port), each saying why
+    (``_probe``: refused, unresolved, dropped, or past TCP); ``BrokerError`` after ``timeout_s``, with the same
+    reason; ``timeout_s`` None waits as long as it takes (a stage whose job is to ride out outages).
+    Uses the full client settings (SASL/SSL too)."""
+    began = time.monotonic()
+    last_log = None
+    servers = client_kwargs.get("bootstrap_servers")
+    while True:
+        why = _probe(client_kwargs, probe_timeout_s)
+        if why is None:
+            return
+        now = time.monotonic()
+        if timeout_s is not None and now - began >= timeout_s:
+            raise BrokerError(f"no Kafka cluster answered at {servers!r} within {timeout_s:.0f}s: {why}")
+        if last_log is None or now - last_log >= log_every_s:
+            last_log = now
+            limit = f"gives up after {timeout_s:.0f}s" if timeout_s is not None else "until it answers"
+            logger.warning("waiting for broker: no answer from bootstrap_servers=%s for %.0fs: %s (retrying %s)",
+                           servers, now - began, why, limit)
         left = 1.0 if timeout_s is None else timeout_s - (time.monotonic() - began)
         time.sleep(min(1.0, max(0.0, left)))
 

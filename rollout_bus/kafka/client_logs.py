@@ -13,12 +13,18 @@ through once per ``interval_s``, and the next one let through says how many were
 record's traceback is folded into its line (``...: KafkaConnectionError: [Errno 104] ...``) unless
 ``keep_tracebacks`` (``-v``): an operator needs the reason, not the library's frames. Nothing else
 changes: levels, handlers and every first occurrence stay as they are.
+
+``muted_client_logs()`` silences those libraries altogether for a block: a reachability probe (``kafka.admin``)
+whose failure the caller says in its own words, so kafka-python's ERROR lines about the same failed
+connect would only bury that one line.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 CLIENT_LOGGERS = ("aiokafka", "kafka")
 DEFAULT_INTERVAL_S = 10.0
@@ -71,3 +77,17 @@ def quiet_client_logs(interval_s: float = DEFAULT_INTERVAL_S) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RepeatFilter) for f in handler.filters):
             handler.addFilter(RepeatFilter(interval_s, keep_tracebacks=keep))
+
+
+@contextmanager
+def muted_client_logs() -> Iterator[None]:
+    """The client libraries log nothing during the block (their loggers' levels are restored after it)."""
+    loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

@@ -12,6 +12,8 @@ connection on a wrong password, a wrong user or a mechanism it does not enable, 
 
 Contract: ``diagnose(bootstrap_servers, timeout_s, connection)`` returns one phrase per address, joined by
 ``; ``, never raises, and takes at most twice ``timeout_s`` per address (the connect, then the handshake).
+``unreachable(bootstrap_servers, timeout_s)`` is the connect alone: the same phrases when no address accepts
+a TCP connection, None when one does; every command asks it first, so a closed port is said in a second.
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ def _past_tcp(address: str, host: str, sock: socket.socket, connection: Mapping[
 
 def diagnose_one(address: str, timeout_s: float = 2.0, connection: Mapping[str, Any] | None = None) -> str:
     """What a TCP connect to ``host:port``, then the client's TLS settings, find, as a phrase naming the address."""
+    return _diagnose(address, timeout_s, connection or {}, tcp_only=False) or ""
+
+
+def _diagnose(address: str, timeout_s: float, connection: Mapping[str, Any], *, tcp_only: bool) -> str | None:
+    """``diagnose_one``; with ``tcp_only``, None once the TCP connect succeeds."""
     host, port = _split(address)
     if port is None:
         return f"{address!r} is not host:port"
@@ -124,7 +131,17 @@ def diagnose_one(address: str, timeout_s: float = 2.0, connection: Mapping[str, 
                     f"or a network partition?)")
         except OSError as exc:
             return f"{address}: {exc.strerror or exc}"
-        return _past_tcp(address, host, sock, connection or {})
+        return None if tcp_only else _past_tcp(address, host, sock, connection)
+
+
+def unreachable(bootstrap_servers: str | Iterable[str], timeout_s: float = 2.0) -> str | None:
+    """Why no bootstrap address accepts a TCP connection (every one refused, unresolved, dropped or not
+    host:port), as ``diagnose`` says it; None when one does (then only a Kafka client can tell the rest).
+    No Kafka client is built: a closed port is said at once, without the client's own ERROR lines."""
+    found = [_diagnose(a, timeout_s, {}, tcp_only=True) for a in _addresses(bootstrap_servers)]
+    if any(phrase is None for phrase in found):
+        return None
+    return "; ".join(found) or "no bootstrap address given"
 
 
 def diagnose(bootstrap_servers: str | Iterable[str], timeout_s: float = 2.0,

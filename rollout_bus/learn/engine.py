@@ -12,8 +12,11 @@ Contract:
   ``version``. ``live()`` returns the newest ``WeightVersion`` read from rollout.weights (or None).
 * ``refresh()`` loads the newest published checkpoint when its version is at least the running one and
   it is not the one running (a version 0 checkpoint replaces the seed-built weights); a checkpoint that
-  cannot be read or whose sha256 differs is refused: an ERROR line names it, the engine keeps the
-  version it has, and does not try that (version, sha256) again. ``refused`` lists what was refused.
+  is missing, cannot be read or whose sha256 differs is refused: one ERROR line says what
+  (``weights version 3 at file:///w/policy-v000003.safetensors: sha256 mismatch (...)``, or ``...: missing``)
+  and which version the engine still uses (``using()``: ``still using version 2``, or that none was loaded),
+  the engine keeps the version it has, and does not try that (version, sha256) again. ``refused`` maps
+  each refused (version, sha256) to what was wrong (``version 3 at URI: missing``).
 * ``generate(contexts, generator, max_tokens=TURN_TOKENS)`` samples up to ``max_tokens`` tokens after each
   context (a row stops after ``$``), one batched forward per step, and returns a ``TurnOutput`` per
   context: tokens, log-probs over the captured support, full-vocabulary log-probs, supports and the
@@ -76,13 +79,19 @@ class PolicyEngine:
         try:
             model, _ = read_checkpoint(latest.path, latest.sha256, self.device)
         except CheckpointError as exc:
-            self.refused[key] = str(exc)
-            logger.error("weights version=%d refused, keeping version=%d: %s", latest.version, self.version, exc)
+            self.refused[key] = f"version {latest.version} at {latest.uri}: {exc.problem}"
+            logger.error("weights %s, refused; %s", self.refused[key], self.using())
             return self.version
         self.model, self.version, self.loaded = model, latest.version, key
         self.loads += 1
         logger.info("loaded weights version=%d from %s", latest.version, latest.path)
         return self.version
+
+    def using(self) -> str:
+        """Which published weights it generates from, in words: the version loaded, or that there is none."""
+        if self.loaded is None:
+            return "no published weights loaded yet: none to generate from"
+        return f"still using version {self.version}"
 
     @torch.no_grad()
     def generate(self, contexts: list[np.ndarray], generator: torch.Generator,

@@ -28,7 +28,13 @@ Contract:
   them all (``rollout_bus.producers.run.publish_turns``). Following the trainer (a ``watcher``), it first
   waits for a published, verified checkpoint (``wait_for_first_weights``: an INFO line when it begins
   and every 10 s), so no token comes from weights the trainer does not hold, and the engine loads each
-  version the trainer publishes; without one it samples from ``build_policy(settings.seed)``.
+  version the trainer publishes; without one it samples from ``build_policy(settings.seed)``. A published
+  version whose checkpoint is missing or fails its sha256 is refused by name (``PolicyEngine``); with none
+  verified, ``settings.weights_wait_s`` after the first refusal (0: no limit) it raises
+  ``rollout_bus.errors.NoUsableWeights`` naming the version and what is wrong (nothing published yet is
+  no error: the trainer may start later). With a staleness ``gate`` the bound counts the version the
+  engine runs (``LoadedVersions``): with a version loaded and a newer one refused it goes on with the one
+  it has as far as the bound allows, then waits for a newer version, never stopped by ``weights_wait_s``.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rollout_bus.config import GenerateSettings
-from rollout_bus.errors import ConfigError, Stopped, must_be
+from rollout_bus.config import ENV_PREFIX, GenerateSettings
+from rollout_bus.errors import ConfigError, NoUsableWeights, Stopped, must_be
 from rollout_bus.learn.engine import PolicyEngine, TurnOutput
 from rollout_bus.learn.task import TURN_TOKENS, CalculatorTask, Problem
 from rollout_bus.model.sample import Sample, Status
@@ -57,6 +63,7 @@ from rollout_bus.wire.weight_version import WeightVersion
 
 logger = logging.getLogger(__name__)
 
+WEIGHTS_WAIT_ENV = f"{ENV_PREFIX}WEIGHTS_WAIT_S"
 _ENGINE_STREAM = 1 << 25
 FULL_LOG_PROBS = "full_vocab_log_probs"
 
@@ -152,11 +159,15 @@ def iter_policy_turns(settings: GenerateSettings, engine: PolicyEngine,
 
 
 def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object], *,
-                           stop: Callable[[], bool] | None = None, say_every_s: float = 10.0) -> int:
+                           stop: Callable[[], bool] | None = None, say_every_s: float = 10.0,
+                           give_up_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> int:
     """Block until the engine runs a published, verified checkpoint (the trainer's version 0 or later), so
     the generator never samples from weights the trainer does not have; ``refresh(timeout_ms)`` polls
-    rollout.weights. Says what it waits for when it starts and every ``say_every_s``."""
-    began = said = time.monotonic()
+    rollout.weights. Says what it waits for when it starts and every ``say_every_s`` (a WARNING naming
+    the refused version once one was refused). Once a published version was refused and ``give_up_s``
+    (None or 0: no limit) passed since with none verified, ``NoUsableWeights`` names the newest refused one."""
+    began = said = clock()
+    refused_at: float | None = None
     logger.info("waiting for the trainer's first checkpoint on rollout.weights")
     while True:
         engine.refresh()
@@ -164,11 +175,58 @@ def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object
             return engine.version
         if stop is not None and stop():
             raise Stopped("stopped while waiting for the trainer's first checkpoint on rollout.weights")
+        now = clock()
+        if engine.refused and refused_at is None:
+            refused_at = now
+        if refused_at is not None and give_up_s and now - refused_at >= give_up_s:
+            raise NoUsableWeights(f"no usable weights after waiting {now - refused_at:.0f}s: "
+                                  f"{_newest_refusal(engine)}, and no newer version came; {engine.using()} "
+                                  f"(--weights-wait-s / {WEIGHTS_WAIT_ENV} to wait longer, 0: for ever)")
         refresh(200)
-        now = time.monotonic()
+        now = clock()
         if now - said >= say_every_s:
             said = now
-            logger.info("still waiting for the trainer's first checkpoint on rollout.weights (%.0fs)", now - began)
+            if refused_at is None:
+                logger.info("still waiting for the trainer's first checkpoint on rollout.weights (%.0fs)",
+                            now - began)
+            else:
+                left = f"giving up in {max(0.0, give_up_s - (now - refused_at)):.0f}s" if give_up_s else "no limit"
+                logger.warning("still no usable weights (%.0fs): %s; %s; waiting for a newer version (%s)",
+                               now - began, _newest_refusal(engine), engine.using(), left)
+
+
+def _newest_refusal(engine: PolicyEngine) -> str:
+    return list(engine.refused.values())[-1]
+
+
+class LoadedVersions:
+    """What the staleness gate counts when the policy engine follows the trainer: the version the engine
+    runs, not the newest published (a version whose checkpoint was refused is not one it generates under),
+    so the bound decides whether it may go on with the version it has. ``refresh()`` takes in rollout.weights
+    and loads what is new; ``wait_for(min_version, ...)`` waits on the watcher for a version past the one
+    refused, ``on_wait`` told the engine's version."""
+
+    def __init__(self, watcher, engine: PolicyEngine) -> None:
+        self.watcher, self.engine = watcher, engine
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def refresh(self) -> int:
+        return self.engine.refresh()  # its ``live`` refreshes the watcher
+
+    def wait_for(self, min_version: int, *, timeout_s: float | None = None,
+                 on_wait: Callable[[int, int, float], None] | None = None,
+                 stop: Callable[[], bool] | None = None) -> int:
+        def told(_published: int, _need: int, waited_s: float) -> None:
+            on_wait(self.engine.version, min_version, waited_s)
+
+        while self.refresh() < min_version:
+            published = self.watcher.version  # at or past min_version yet not loaded: refused, so wait past it
+            target = min_version if published < min_version else published + 1
+            self.watcher.wait_for(target, timeout_s=timeout_s, on_wait=told if on_wait else None, stop=stop)
+        return self.engine.version
 
 
 def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, progress: ProgressFn | None = None,
@@ -190,7 +248,10 @@ def publish_policy_turns(settings: GenerateSettings, publisher, watcher=None, pr
             return watcher.latest
 
         engine = PolicyEngine(settings.seed, sampler, live=live, device=device)
-        wait_for_first_weights(engine, lambda ms: watcher.refresh(timeout_ms=ms), stop=stop)
+        wait_for_first_weights(engine, lambda ms: watcher.refresh(timeout_ms=ms), stop=stop,
+                               give_up_s=settings.weights_wait_s or None)
+        if gate is not None:  # the bound counts the version the engine runs (see LoadedVersions)
+            gate = StalenessGate(LoadedVersions(watcher, engine), gate.run, on_wait=gate.on_wait, stop=gate.stop)
     with torch_threads(settings.torch_threads):
         summary = publish_turns(iter_policy_turns(settings, engine, gate), publisher, run_id=settings.run_id,
                                 end_of_run=settings.end_of_run, progress=progress, gate=gate)

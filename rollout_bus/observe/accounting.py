@@ -16,6 +16,10 @@ found only in the DLQ:
 * any other finished episode only in the DLQ is a valid episode lost: counted in
   ``valid_in_dlq_only`` and reported as a problem.
 
+A group written short (the run ended before all its members came: ``complete: false`` in its manifest) is
+listed in ``incomplete_groups`` and shown, not a failure: its episodes are whole, and a member whose generator
+died mid-episode is in the DLQ as ``unfinished`` (then abandoned, and the group is complete without it).
+
 Records a stage found deleted before it read them (``lost`` dead letters: no key, a range) are problems
 of their own, each named by topic, partition and offsets (``lost``): the episodes they held are then
 ``missing`` or in the DLQ as ``gap``, and the range says why.
@@ -52,6 +56,7 @@ class Reconciliation:
     batches: int = 0
     bad_batches: dict[str, str] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)  # records deleted before a stage read them: where, how many
+    incomplete_groups: list[str] = field(default_factory=list)  # groups written short: batch, group, members held
 
     @property
     def settled(self) -> bool:
@@ -91,6 +96,13 @@ def written_batches(out_dir: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+def incomplete_groups(manifest: dict[str, Any]) -> list[str]:
+    """The groups a batch was written with short (``complete: false``), each as batch, group and what it holds."""
+    return [f"batch {manifest.get('seq')}: group (adapter={g.get('adapter')}, group_index={g.get('group_index')}) "
+            f"holds {g.get('episodes', 0)} episodes and {g.get('abandoned', 0)} abandoned of {g.get('group_size')}"
+            for g in manifest.get("extra", {}).get("groups", []) if g.get("complete") is False]
+
+
 def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iterable[DeadLetter],
               *, verify: bool = True, faults: Iterable[dict] | None = None) -> Reconciliation:
     """Match the episodes sent against the batches on disk and the dead letters.
@@ -111,6 +123,7 @@ def reconcile(sent: Iterable[tuple[str, int]], out_dir: Path, dead_letters: Iter
                 verify_batch(Path(out_dir) / name)
             except ValueError as exc:
                 result.bad_batches[name] = str(exc)
+        result.incomplete_groups += incomplete_groups(manifest)
         for episode in manifest.get("extra", {}).get("episodes", []):
             placed[episode["key"]].append(int(manifest.get("seq", -1)))
             placed_attempt[episode["key"]] = int(episode["attempt"])

@@ -13,8 +13,9 @@ Contract:
   and ``step`` (keys sorted: the same weights give the same bytes); written to a temporary file,
   fsync'd, renamed.
 * ``read_checkpoint(path, sha256=None, device=None)`` -> ``(model, metadata)``; with ``sha256`` the file's
-  digest must match, else ``CheckpointError`` naming the file and both digests. A file that is not
-  such a checkpoint is a ``CheckpointError`` too.
+  digest must match, else ``CheckpointError`` naming the file and both digests (``problem``: ``sha256
+  mismatch (...)``); an absent file is one whose ``problem`` is ``missing``. A file that is not such a
+  checkpoint is a ``CheckpointError`` too.
 * ``checkpoint_path(directory, version)``: where version ``version`` is written.
 * ``load_policy(path, sha256=None, device=None)``: just the model (the public API's way in).
 """
@@ -42,7 +43,12 @@ _META_KEY = "rollout_bus"
 
 
 class CheckpointError(ContractError):
-    """A checkpoint that is not what was published, or not a checkpoint at all."""
+    """A checkpoint that is not what was published, or not a checkpoint at all: ``problem`` says what, in words
+    a log line can put after the version and its URI (``missing``, ``sha256 mismatch ...``)."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"checkpoint {path}: {problem}")
+        self.path, self.problem = str(path), problem
 
 
 @dataclass(frozen=True)
@@ -83,15 +89,15 @@ def _metadata(data: bytes, path: Path) -> dict[str, str]:
         header_len = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + header_len])
     except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path}: not a safetensors file ({exc})") from None
+        raise CheckpointError(path, f"not a safetensors file ({exc})") from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     try:
         meta = json.loads(meta[_META_KEY]) if isinstance(meta, dict) and _META_KEY in meta else {}
     except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {path}: metadata {_META_KEY!r} is not JSON ({exc})") from None
+        raise CheckpointError(path, f"metadata {_META_KEY!r} is not JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         meta = meta if isinstance(meta, dict) else {}
-        raise CheckpointError(f"checkpoint {path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        raise CheckpointError(path, f"format {meta.get('format')!r}, expected {FORMAT!r}")
     return meta
 
 
@@ -100,22 +106,24 @@ def read_checkpoint(path: str | Path, sha256: str | None = None,
     path = Path(path)
     try:
         data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(path, "missing") from None
     except OSError as exc:
-        raise CheckpointError(f"checkpoint {path}: cannot be read ({exc.strerror or exc})") from None
+        raise CheckpointError(path, f"cannot be read ({exc.strerror or exc})") from None
     if sha256 is not None:
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha256:
-            raise CheckpointError(f"checkpoint {path}: sha256 {digest} does not match the published {sha256}; "
-                                  "refused")
+            raise CheckpointError(path, f"sha256 mismatch (the file's {digest} does not match the published "
+                                        f"{sha256})")
     meta = _metadata(data, path)
     try:
         state = load_tensors(data)
         model = model_from_config(LlamaConfig.from_dict(json.loads(meta["config"])), device)
     except (SafetensorError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path}: unreadable ({exc})") from None
+        raise CheckpointError(path, f"unreadable ({exc})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not (k == _TIED and model.config.tie_word_embeddings)]:
-        raise CheckpointError(f"checkpoint {path}: tensors missing {missing} or unexpected {unexpected}")
+        raise CheckpointError(path, f"tensors missing {missing} or unexpected {unexpected}")
     model.tie_weights()
     return model, meta
 

@@ -47,12 +47,14 @@ class DlqKind(StrEnum):
     CONVERT = "convert"        # any other refusal converting the batch
     LOST = "lost"              # records deleted (retention, delete-records) before the stage read them
     COLLISION = "collision"    # a turn for an episode another generator already holds (same rollout key)
+    UNFINISHED = "unfinished"  # a stored turn of an episode with no final turn when the run ended on its partition
 
 
 KINDS_BY_STAGE: dict[DlqStage, tuple[DlqKind, ...]] = {
     DlqStage.STREAM: (DlqKind.KEY, DlqKind.HEADERS, DlqKind.DECODE, DlqKind.VALIDATION, DlqKind.FINISHED,
                       DlqKind.GAP, DlqKind.STATE, DlqKind.MERGE, DlqKind.ABANDONED, DlqKind.PARTITION,
-                      DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST, DlqKind.COLLISION),
+                      DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST, DlqKind.COLLISION,
+                      DlqKind.UNFINISHED),
     DlqStage.SHARDS: (DlqKind.DECODE, DlqKind.CONTROL, DlqKind.LATE, DlqKind.GROUP, DlqKind.STALE,
                       DlqKind.MASK_CHECK, DlqKind.CONVERT, DlqKind.TOO_LARGE, DlqKind.LOST),
 }

@@ -17,12 +17,13 @@ import time
 from collections import Counter
 from typing import Callable
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewPartitions
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.local_kafka.local_broker import LocalBroker, port_is_free
 from rollout_bus.wire.headers import CONTROL_END_OF_RUN, TurnHeaders, control_kind
+from tests.chaos.evidence import logged_episodes, records_below
 from tests.chaos.harness import FaultContext, FaultNotInjected, Observation
 from tests.topic_offsets import end_offsets
 
@@ -67,6 +68,32 @@ def kill_stage(stage: str, times: int) -> Fault:
             ctx.note(f"kill -9 #{i} of {stage} at {what}")
             restarted = ctx.observation_after(ctx.lifts[-1])
         ctx.note(f"{stage} killed at: " + ", ".join(moments))
+
+    return fault
+
+
+def kill_generator_in_flight(fraction: float = 0.4, tries: int = 100) -> Fault:
+    """kill -9 the generator for good once ``fraction`` of the run's turns are sent, at a moment when the log
+    holds an episode with turns and no final turn (the generator is stopped, the log read, and let go on
+    until it does); the run is then closed with ``rollout-bus end-run``, as an operator would."""
+
+    def fault(ctx: FaultContext) -> None:
+        run, want = ctx.run, max(1, int(ctx.expected.turns * fraction))
+        ctx.wait_for(f"{want} turns sent", lambda o: o.turns >= want)
+        for _ in range(tries):
+            run.signal_stage("generate", signal.SIGSTOP)
+            if run.stages["generate"].poll() is not None:
+                raise FaultNotInjected("the generator finished before an episode was in flight")
+            open_now = logged_episodes(run.bootstrap, run.topics.turns).unfinished
+            if open_now:
+                break
+            run.signal_stage("generate", signal.SIGCONT)
+            ctx.sleep(0.05)
+        else:
+            raise FaultNotInjected(f"no episode was in flight in {tries} looks at the log")
+        run.kill_stage("generate", restart=False)
+        ctx.lifted()
+        ctx.note(f"generate killed for good with {len(open_now)} episodes in flight; the run closed with end-run")
 
     return fault
 
@@ -248,22 +275,6 @@ def all_injected_dead_lettered(count: int) -> Callable:
     return lambda run: len(injected_ids(run.dead_letters())) >= count
 
 
-def _records_below(bootstrap: str, topic: str, ends: dict[int, int]) -> list:
-    """Every record of ``topic`` below ``ends`` (per partition), read by a group-less consumer."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
-    try:
-        tps = [TopicPartition(topic, p) for p, end in ends.items() if end > 0]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        out, deadline = [], time.monotonic() + 60
-        while any(consumer.position(tp) < ends[tp.partition] for tp in tps) and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=500).items():
-                out += [r for r in records if r.offset < ends[tp.partition]]
-        return out
-    finally:
-        consumer.close()
-
-
 def expire_turns(stopped_s: float = 5.0) -> Fault:
     """What retention does under a stalled stream worker, without waiting for a clock: the worker is
     SIGSTOPped mid-run, turns keep arriving unread for ``stopped_s``, then every record of rollout.turns
@@ -280,7 +291,7 @@ def expire_turns(stopped_s: float = 5.0) -> Fault:
         try:
             ctx.sleep(stopped_s)
             ends = end_offsets(run.bootstrap, run.topics.turns)
-            records = _records_below(run.bootstrap, run.topics.turns, ends)
+            records = records_below(run.bootstrap, run.topics.turns, ends)
             if run.generator_done() or any(control_kind(r.headers) == CONTROL_END_OF_RUN for r in records):
                 raise FaultNotInjected("the generator finished before the records could be deleted")
             admin = KafkaAdminClient(bootstrap_servers=run.bootstrap)

@@ -22,6 +22,10 @@ Contract:
 * A workload of several generators runs one ``generate`` stage per generator (``generate``,
   ``generate-2``, ...), each with its share of the group indices and ``--no-end-of-run``; once all
   have exited 0 the run closes it with ``rollout-bus end-run``, as an operator would.
+* A generator killed for good (``kill_stage(..., restart=False)``) leaves no summary: once the others are done
+  the run closes it with ``rollout-bus end-run``, and the episodes sent are read from rollout.turns
+  (``evidence.logged_episodes``: those with a final turn). A workload whose writer runs with
+  ``--exit-on-end-of-run`` has it exit 0 at the run's end, which is no crash.
 * A stream worker or shard writer that exits ``EXIT_PARTITIONS_CHANGED`` (75: a topic gained partitions
   under it) is started again, as a supervisor restarts it (compose: ``restart: unless-stopped``).
 """
@@ -50,7 +54,7 @@ from rollout_bus.observe.accounting import Reconciliation, reconcile
 from rollout_bus.demo.processes import StageProcess
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.wire.topics import Topics
-from tests.chaos.evidence import log_excerpt
+from tests.chaos.evidence import LoggedEpisodes, log_excerpt, logged_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,8 @@ POLL_S = 0.5
 SETTLED_QUIET_S = 15.0  # settled but not ok, and nothing moved for this long: the run is over
 # a broker that is down must not stall the watch loop for kafka-python's default 30 s per request
 WATCH_CLIENT = {"request_timeout_ms": 3000}
-STAGE_ORDER = ("stream", "shards", "generate")  # consumers first, so nothing waits on a late subscriber
+STAGE_ORDER = ("stream", "shards", "generate")
+WRITER_ENDS = "--exit-on-end-of-run"  # a writer run with it exits 0 at the run's end: not a crash  # consumers first, so nothing waits on a late subscriber
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Workload:
     seed: int = 11
     generator_args: tuple[str, ...] = ()
     generators: int = 1  # generator processes sharing the run, each its own share of the group indices
+    writer_args: tuple[str, ...] = ()  # e.g. --exit-on-end-of-run: the writer's exit 0 is then its end
 
     def generator_flags(self, index: int = 0) -> list[str]:
         share = (["--generators", str(self.generators), "--generator-index", str(index), "--no-end-of-run"]
@@ -148,6 +154,8 @@ class ChaosRun:
         self.watcher: TopicWatcher | None = None
         self.closed_run = workload.generators == 1  # several generators: end-run once all exited 0
         self.restarts: list[str] = []  # stages started again after exiting 75
+        self.killed_for_good: set[str] = set()  # stages killed and not restarted (a generator: end-run closes)
+        self.logged: LoggedEpisodes | None = None  # what rollout.turns held once such a run was closed
 
     def _stage_args(self, name: str) -> list[str]:
         w, common = self.workload, ["--bootstrap-servers", self.bootstrap, "--topic-prefix", self.topics.prefix]
@@ -157,7 +165,7 @@ class ChaosRun:
                     *replication]  # its state changelog: RF 1 under min.insync.replicas 2 refuses every write
         if name == "shards":
             return [*common, "--out", str(self.shards_dir), "--dp-size", str(w.dp_size), "--groups-per-batch",
-                    str(w.groups_per_batch), "--group-id", f"chaos-{self.run_id}-shards"]
+                    str(w.groups_per_batch), "--group-id", f"chaos-{self.run_id}-shards", *w.writer_args]
         # one run id for every generator process of the run: a restarted generator closes the same run,
         # completing any end-of-run markers a killed one left half sent (the writer holds those uncommitted)
         index = w.generator_stages().index(name)
@@ -203,6 +211,9 @@ class ChaosRun:
         """kill -9 a stage (its whole process group) and, unless told not to, start it again at once."""
         with self.lock:
             stage = self.stages[name]
+            if not restart:
+                self.killed_for_good.add(name)
+                self.closed_run = self.closed_run and not name.startswith("generate")
             stage.kill()
             stage.stop()  # closes its log file
             if restart:
@@ -252,7 +263,12 @@ class ChaosRun:
         return self.watcher.dead_letters(self.topics.dlq)
 
     def sent(self) -> list[tuple[str, int]] | None:
-        """(rollout key, attempt) of every episode the generators finished, from their summaries."""
+        """(rollout key, attempt) of every episode the generators finished, from their summaries; with a
+        generator killed for good (no summary), from rollout.turns once the run is closed."""
+        if any(n.startswith("generate") for n in self.killed_for_good):
+            if self.closed_run and self.logged is None:
+                self.logged = logged_episodes(self.bootstrap, self.topics.turns)
+            return sorted(self.logged.finished.items()) if self.logged else None
         try:
             return [(k, int(a)) for path in self.summary_paths() for k, a in json.loads(path.read_text())["episodes"]]
         except (OSError, ValueError, KeyError):
@@ -261,8 +277,9 @@ class ChaosRun:
     def generator_done(self) -> bool:
         """Every generator exited 0 with its summary written, and the run is closed."""
         with self.lock:
-            names = self.workload.generator_stages()
-            done = all(self.stages[n].poll() == 0 for n in names) and all(p.exists() for p in self.summary_paths())
+            names = [n for n in self.workload.generator_stages() if n not in self.killed_for_good]
+            done = all(self.stages[n].poll() == 0 for n in names) and all(
+                p.exists() for n, p in zip(self.workload.generator_stages(), self.summary_paths()) if n in names)
         if done:
             with self.end_run_lock:
                 if not self.closed_run:
@@ -292,7 +309,8 @@ class ChaosRun:
                     self.restarts.append(name)
                     logger.info("run=%s stage=%s exited %d (partitions changed): started again", self.run_id, name,
                                 code)
-                elif code is not None and not (name.startswith("generate") and code == 0):
+                elif code is not None and name not in self.killed_for_good and not (code == 0 and (
+                        name.startswith("generate") or (name == "shards" and WRITER_ENDS in self.workload.writer_args))):
                     return f"stage {name} exited with code {code}"
         return None
 
@@ -473,3 +491,4 @@ class RunFacts:
     logs: dict[str, str] = field(default_factory=dict)
     deleted: int = 0  # records the fault deleted from the log, and the rollout keys they held
     deleted_keys: set[str] = field(default_factory=set)
+    logged: LoggedEpisodes | None = None  # a generator killed for good: the episodes rollout.turns held

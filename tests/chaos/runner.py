@@ -33,6 +33,7 @@ from rollout_bus.wire.dead_letter import DeadLetter, DlqKind
 from rollout_bus.local_kafka.local_cluster import LocalCluster, free_ports
 from tests.chaos.faults import injected_ids
 from tests.chaos.evidence import longest_episode_tokens, shard_digests
+from tests.chaos.unfinished import unfinished_problems
 from tests.chaos.harness import ChaosRun, Expected, FaultContext, RunFacts, Workload, recovery_times
 from tests.chaos.scenarios import BY_NAME, FULL, QUICK, Scenario
 
@@ -149,7 +150,7 @@ def _execute(name: str, workload: Workload, scenario: Scenario | None, brokers: 
     facts = RunFacts(reconciliation, source, _digests(run), run.dead_letters() if run.watcher else [],
                      recovery_times(run.history, ctx.lifts, signal_, run.reconciled_at) if signal_ else [],
                      run.failure, ctx.error, notes, time.monotonic() - began, deleted=ctx.deleted,
-                     deleted_keys=set(ctx.deleted_keys))
+                     deleted_keys=set(ctx.deleted_keys), logged=run.logged)
     if run.failure or ctx.error or not (reconciliation and reconciliation.ok):
         facts.logs = run.log_tails()
     if scenario is not None and scenario.teardown is not None:
@@ -192,7 +193,8 @@ def _dead_letter_problems(scenario: Scenario | None, facts: RunFacts, expected: 
     problems = []
     ids = injected_ids(facts.dead_letters)
     own = [d for d in facts.dead_letters if not any(k == "chaos.id" for k, _ in d.headers)
-           and not (scenario is not None and scenario.named_loss and _explained(facts, d))]
+           and not (scenario is not None and scenario.named_loss and _explained(facts, d))
+           and not (scenario is not None and scenario.unfinished and d.kind == DlqKind.UNFINISHED)]
     if len(own) != expected.dead_letters:
         kinds = sorted({f"{d.stage}/{d.kind}" for d in own})
         problems.append(f"{len(own)} dead letters of generated records (undisturbed run: {expected.dead_letters}); "
@@ -237,6 +239,8 @@ def judge(name: str, scenario: Scenario | None, facts: RunFacts, expected: Expec
         problems.append(f"nothing to reconcile ({facts.sent_source})")
     elif scenario is not None and scenario.named_loss:
         problems += _named_loss_problems(rec, facts)
+    elif scenario is not None and scenario.unfinished:
+        problems += rec.problems() + unfinished_problems(rec, facts)
     else:
         problems += rec.problems()
         if rec.in_dlq_only != expected.dlq_only:

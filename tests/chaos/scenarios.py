@@ -12,7 +12,7 @@ from typing import Callable
 
 from tests.chaos import faults
 from tests.chaos.faults import Fault
-from tests.chaos.harness import ChaosRun, Signal, Workload
+from tests.chaos.harness import WRITER_ENDS, ChaosRun, Signal, Workload
 
 STANDARD = Workload("standard", episodes=192)
 SMALL = Workload("small", episodes=64)
@@ -22,6 +22,9 @@ LONG = Workload("long-128k", episodes=4, n_samples_per_prompt=2, seed=25, genera
     "--max-turns", "4", "--min-response-len", "32000", "--max-response-len", "32000"))
 LONG_EPISODE_TOKENS = 4 * 32000
 # two generators sharing one run, each with both adapters: each makes its share of the group indices
+# the writer exits 0 at the run's end: a generator killed for good, the run closed with end-run
+STANDARD_END = Workload("standard-end-run", episodes=192, writer_args=(WRITER_ENDS,))
+SMALL_END = Workload("small-end-run", episodes=64, writer_args=(WRITER_ENDS,))
 TWO_GENERATORS = Workload("two-generators", episodes=192, generators=2, generator_args=("--adapters", "math,code"))
 
 # Recovery: the faulted stage's own output grows again (turns sent, episodes merged, batches written);
@@ -52,6 +55,7 @@ class Scenario:
     compare: bool = True  # shards compared with the workload's undisturbed run
     longest_episode: int = 0  # response tokens the longest episode in the shards must reach
     named_loss: bool = False  # the fault deletes records: every loss must be named (runner._named_loss_problems)
+    unfinished: bool = False  # the generator killed for good: judged from the log (unfinished.unfinished_problems)
     setup: Callable[[ChaosRun], None] | None = None  # before the stages start (e.g. mount a small disk)
     teardown: Callable[[ChaosRun], None] | None = None  # after the facts are read
 
@@ -64,6 +68,13 @@ def _kills(stage: str, times: int, workload: Workload, name: str) -> Scenario:
 def _pause(stage: str, seconds: float) -> Scenario:
     return Scenario(f"sigstop-{stage}-{seconds:.0f}s", f"SIGSTOP of the {stage} stage for {seconds:.0f}s, then SIGCONT",
                     STANDARD, faults.pause_stage(stage, seconds), progress=STAGE_SIGNAL[stage])
+
+
+def _killed_for_good(workload: Workload, name: str) -> Scenario:
+    return Scenario(name, "kill -9 of the generator with episodes in flight, not restarted; the run closed with "
+                    "end-run: those episodes dead-lettered unfinished, short groups flagged, the writer exits 0",
+                    workload, faults.kill_generator_in_flight(), compare=False, unfinished=True, progress=BATCHES,
+                    condition=lambda run: run.stages["shards"].poll() == 0)
 
 
 def _malformed(count: int, workload: Workload, name: str) -> Scenario:
@@ -112,6 +123,7 @@ FULL = [
              "the writer must wait, saying so", STANDARD, faults.fill_disk(30), timeout_s=420,
              condition=faults.stage_log_says("shards", "waiting for disk space"),
              setup=SMALL_DISK_SETUP, teardown=SMALL_DISK_TEARDOWN),
+    _killed_for_good(STANDARD_END, "generator-killed-end-run"),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
 ]
@@ -120,6 +132,7 @@ QUICK = [
     _kills("stream", 1, SMALL, "quick-kill-stream"),
     _kills("shards", 1, SMALL, "quick-kill-shards"),
     _malformed(1_000, SMALL, "quick-malformed-1k"),
+    _killed_for_good(SMALL_END, "quick-generator-killed-end-run"),
     Scenario("quick-broker-kill-10s", "the broker killed (kill -9) mid-run, started again 10 s later", SMALL,
              faults.broker_down(10, "kill")),
     Scenario("quick-secure-broker-kill-10s", "the secured broker (TLS, SCRAM, ACLs; each stage its role's "

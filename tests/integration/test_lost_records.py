@@ -3,11 +3,13 @@ dead-lettered as ``lost`` with topic, partition, offsets and count, and never aw
 
 The loss is made with Kafka's own DeleteRecords (what retention does to a partition's log start, without
 waiting for a clock): before a fresh stream worker starts, under a stopped one that already holds a
-position, and before a fresh shard writer starts.
+position, and before a fresh shard writer starts; and a writer whose end-of-run markers were deleted with the
+rest ends the run from what the log still holds, exiting 65 with the ranges, instead of waiting for them.
 """
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 
@@ -15,10 +17,12 @@ import pytest
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient
 
+from rollout_bus.consumers.shard_writer.lost_markers import EXIT_RECORDS_LOST
+from rollout_bus.wire.control_records import END_OF_RUN_KEY, BatchesEnded
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.wire.headers import control_kind
-from tests.integration.test_shard_writer import (GROUP_SIZE, end_of_run, make_episode, manifests, publish, read_topic,
-                                                 run_writer)
+from rollout_bus.wire.headers import CONTROL_END_OF_RUN, control_kind
+from tests.integration.test_shard_writer import (GROUP_SIZE, REPO, end_of_run, make_episode, manifests, publish,
+                                                 read_topic, run_writer, writer_command)
 from tests.integration.test_stream_worker import Reader, Worker, _expected_episodes, _generated, _publish
 from tests.integration.test_stream_worker import _keys as _all_keys
 from tests.topic_offsets import end_offsets
@@ -126,3 +130,54 @@ def test_episodes_deleted_before_a_fresh_writer_read_them_are_reported_lost_and_
     assert f"{topics.episodes} partition {partition}: offsets 0..1 (2 records)" in line, line
     written = sum(len(m["extra"]["episodes"]) for m in manifests(out))
     assert written == 4 * GROUP_SIZE - 2
+
+
+def _writer_ending_on_loss(kafka_bootstrap, topics, out):
+    """The writer with --exit-on-end-of-run, given far longer than it needs: it must end by itself."""
+    began = time.monotonic()
+    done = subprocess.run(writer_command(kafka_bootstrap, topics, out, uuid.uuid4().hex), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - began
+
+
+def _verdict(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if "run ended with records lost" in line)
+
+
+def test_a_writer_whose_end_of_run_markers_were_deleted_with_everything_ends_the_run_naming_every_range(
+        kafka_bootstrap, client_kwargs, topics, tmp_path):
+    publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(4) for r in range(GROUP_SIZE)])
+    publish(client_kwargs, topics.episodes, end_of_run(topics))
+    ends = end_offsets(kafka_bootstrap, topics.episodes)
+    for partition, end in ends.items():  # retention took every record, the markers among them
+        _delete_below(kafka_bootstrap, topics.episodes, partition, end)
+    done, took_s = _writer_ending_on_loss(kafka_bootstrap, topics, tmp_path / "shards")
+    assert done.returncode == EXIT_RECORDS_LOST, done.stderr[-3000:]
+    verdict = _verdict(done.stderr)
+    assert f"{len(ends)} ranges, {sum(ends.values())} records" in verdict, verdict
+    for partition, end in ends.items():
+        assert f"{topics.episodes} partition {partition}: offsets 0..{end - 1} ({end} records)" in verdict, verdict
+    assert "Traceback" not in done.stderr and took_s < 45, took_s
+    assert sorted(_lost_letters(read_topic(client_kwargs, topics.dlq))) == sorted(
+        ("shards", f"{topics.episodes}:{p}:0", end) for p, end in ends.items())
+    assert not manifests(tmp_path / "shards")
+
+
+def test_markers_deleted_on_one_partition_end_the_run_with_what_the_others_still_hold(
+        kafka_bootstrap, client_kwargs, topics, tmp_path):
+    publish(client_kwargs, topics.episodes, [make_episode(g, r) for g in range(4) for r in range(GROUP_SIZE)])
+    publish(client_kwargs, topics.episodes, end_of_run(topics))
+    ends = end_offsets(kafka_bootstrap, topics.episodes)
+    partition = max(ends, key=ends.get)
+    gone = _keys_at(kafka_bootstrap, topics.episodes, partition, ends[partition])
+    _delete_below(kafka_bootstrap, topics.episodes, partition, ends[partition])  # its markers went too
+    out = tmp_path / "shards"
+    done, _ = _writer_ending_on_loss(kafka_bootstrap, topics, out)
+    assert done.returncode == EXIT_RECORDS_LOST, done.stderr[-3000:]
+    assert (f"1 ranges, {ends[partition]} records deleted" in _verdict(done.stderr)
+            and f"partition {partition}: offsets 0..{ends[partition] - 1}" in _verdict(done.stderr)), done.stderr
+    written = sum(len(m["extra"]["episodes"]) for m in manifests(out))
+    assert written == 4 * GROUP_SIZE - len(gone - {END_OF_RUN_KEY})  # the survivors, flushed as the markers would
+    shards = read_topic(client_kwargs, topics.shards)
+    ended = [BatchesEnded.from_value(r.value) for r in shards if control_kind(r.headers) == CONTROL_END_OF_RUN]
+    assert [e.run for e in ended] == ["run-1"] and ended[0].next_seq == len(manifests(out)), done.stderr[-3000:]

@@ -160,3 +160,25 @@ def test_generate_builds_the_producers_plain_options_from_its_settings(monkeypat
                                      follow_weights=False, policy_version=3, delivery_timeout_s=300,
                                      max_record_bytes=runs[0].max_record_bytes)]
     assert runs[0].follows
+
+
+def test_generate_weights_wait_flag_and_setting_reach_its_settings_and_no_usable_weights_exits_66(generate_runs,
+                                                                                                   monkeypatch):
+    import rollout_bus.cli.generate as generate
+    from rollout_bus.errors import EXIT_NO_USABLE_WEIGHTS, NoUsableWeights
+
+    base = ["generate", "--bootstrap-servers", "127.0.0.1:1", "--engine", "policy"]
+    assert runner.invoke(app, base).exit_code == 0 and generate_runs[-1][0].weights_wait_s == 120
+    assert runner.invoke(app, [*base, "--weights-wait-s", "0"]).exit_code == 0
+    assert generate_runs[-1][0].weights_wait_s == 0  # for ever
+    monkeypatch.setenv("ROLLOUT_BUS_WEIGHTS_WAIT_S", "7.5")
+    assert runner.invoke(app, base).exit_code == 0 and generate_runs[-1][0].weights_wait_s == 7.5
+    assert runner.invoke(app, [*base, "--weights-wait-s", "-1"]).exit_code == 2
+
+    def no_weights(settings, kafka, stop=None):
+        raise NoUsableWeights("no usable weights after waiting 120s: version 3 at file:///w/[v3].st: missing")
+
+    monkeypatch.setattr(generate, "_run", no_weights)
+    done = runner.invoke(app, [*base, "--follow-weights"])
+    assert done.exit_code == EXIT_NO_USABLE_WEIGHTS == 66, done.output
+    assert "version 3 at file:///w/[v3].st: missing" in done.output and "Traceback" not in done.output

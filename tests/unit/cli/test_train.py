@@ -23,6 +23,12 @@ from rollout_bus.sim.trainer import TrainSimOptions
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.fixture(autouse=True)
+def no_cluster_wait(monkeypatch):
+    """The commands' options and printing, not a cluster: the wait for one answers at once."""
+    monkeypatch.setattr(cli, "wait_for_cluster", lambda conn, timeout_s: None)
+
+
 def test_train_sim_command_flags_reach_the_options_and_errors_exit_1(monkeypatch, tmp_path):
     seen: list[TrainSimOptions] = []
 

@@ -36,3 +36,37 @@ def test_an_unresolvable_host_and_a_malformed_address_are_named_and_every_addres
     assert refused.startswith(f"127.0.0.1:{port} refuses connections")
     assert malformed == "'localhost' is not host:port"
     assert diagnose("") == "no bootstrap address given"
+
+
+def test_unreachable_names_a_closed_port_at_once_and_is_none_where_a_port_accepts():
+    from rollout_bus.kafka.reachability import unreachable
+
+    closed = _free_port()
+    assert unreachable(f"127.0.0.1:{closed}").startswith(f"127.0.0.1:{closed} refuses connections")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        assert unreachable(f"127.0.0.1:{closed},127.0.0.1:{port}") is None  # one address that accepts is enough
+
+
+def test_a_closed_port_is_a_broker_error_at_once_without_the_clients_own_log_lines(caplog):
+    import logging
+    import time
+
+    import pytest
+
+    from rollout_bus.errors import BrokerError
+    from rollout_bus.kafka.admin import require_cluster, wait_for_cluster
+
+    port = _free_port()
+    caplog.set_level(logging.DEBUG)
+    began = time.monotonic()
+    with pytest.raises(BrokerError, match=f"127.0.0.1:{port} refuses connections"):
+        require_cluster({"bootstrap_servers": f"127.0.0.1:{port}"})
+    with pytest.raises(BrokerError, match="refuses connections"):
+        wait_for_cluster({"bootstrap_servers": f"127.0.0.1:{port}"}, 0.5)
+    assert time.monotonic() - began < 5.0
+    assert not [r for r in caplog.records if r.name.split(".")[0] in ("kafka", "aiokafka")]
+    waits = [r for r in caplog.records if "waiting for broker" in r.getMessage()]
+    assert len(waits) == 1 and "refuses connections" in waits[0].getMessage()  # said after the first probe

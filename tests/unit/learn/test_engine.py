@@ -213,7 +213,8 @@ def _assert_refused_once(engine, live, outs, reads, caplog, record: WeightVersio
     assert reads == [record.path]  # ... but read once: never retried
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == engine_module.__name__]
     assert len(errors) == 1
-    assert "version=1" in errors[0].getMessage() and record.path in errors[0].getMessage()
+    assert f"weights version 1 at {record.uri}: sha256 mismatch (" in errors[0].getMessage()
+    assert errors[0].getMessage().endswith(", refused; no published weights loaded yet: none to generate from")
     assert all(o.versions == [0] * len(o.tokens) for o in outs)
     assert [o.tokens for o in outs] == [o.tokens for o in _generate(_engine())]  # the weights it had
 
@@ -252,3 +253,36 @@ def test_after_a_refusal_the_next_good_version_is_loaded(checkpoints, monkeypatc
     for out in outs:
         assert out.versions == [0 if t < 2 else 2 for t in range(len(out.tokens))]
     assert [o.tokens for o in outs] == _reference([build_policy(SEED)] * 2 + [_perturbed(noise_seed=5)] * (STEPS - 2))
+
+
+def test_a_missing_checkpoint_is_refused_as_missing_naming_its_uri_and_never_retried(checkpoints, monkeypatch,
+                                                                                     caplog):
+    record = _record(checkpoints[1])
+    checkpoints[1].path.unlink()  # deleted after it was published
+    live = Live(lambda n: record)
+    reads = _counting_reads(monkeypatch)
+    engine = _engine(live)
+    with caplog.at_level(logging.INFO, logger=engine_module.__name__):
+        outs = _generate(engine)
+    assert engine.refused == {(1, record.sha256): f"version 1 at {record.uri}: missing"}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [f"weights version 1 at {record.uri}: missing, refused; no published weights loaded yet: "
+                      "none to generate from"]
+    assert reads == [record.path] and engine.version == 0 and engine.loads == 0
+    assert all(o.versions == [0] * len(o.tokens) for o in outs)
+
+
+def test_a_refused_newer_version_is_said_once_naming_the_version_still_used(checkpoints, monkeypatch, caplog):
+    good = _record(checkpoints[1])
+    bad = _record(checkpoints[2], sha256=hashlib.sha256(b"a torn copy").hexdigest())
+    live = Live(lambda n: good if n < 2 else bad)
+    engine = _engine(live)
+    with caplog.at_level(logging.INFO, logger=engine_module.__name__):
+        outs = _generate(engine)
+        outs += _generate(engine)  # asked again for every decode step of a second call: still said once
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"weights version 2 at {bad.uri}: sha256 mismatch (")
+    assert errors[0].endswith(", refused; still using version 1")
+    assert engine.version == 1 and engine.loads == 1 and engine.using() == "still using version 1"
+    assert {v for o in outs for v in o.versions} == {1}

@@ -84,3 +84,18 @@ def test_records_deleted_before_a_stage_read_them_fail_the_run_naming_topic_part
     assert not result.ok and result.missing == [OTHER]
     assert result.lost == ["stream: t.rollout.turns:3 offsets 12..86 (75 records deleted before they were read)"]
     assert result.problems()[0].startswith("LOST: stream: t.rollout.turns:3 offsets 12..86")
+
+
+def test_a_group_written_short_is_listed_by_batch_and_group_without_failing_the_run(tmp_path):
+    batch(tmp_path, 0, *SENT)
+    manifest_path = tmp_path / "batch-000000" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["extra"]["groups"] = [{"adapter": None, "group_index": 16, "group_size": 4, "episodes": 3,
+                                    "abandoned": 0, "complete": False},
+                                   {"adapter": None, "group_index": 17, "group_size": 4, "episodes": 3,
+                                    "abandoned": 1, "complete": True}]
+    manifest_path.write_text(json.dumps(manifest))
+    result = reconcile(SENT, tmp_path, [letter(OTHER, "unfinished", "stream")], verify=False)
+    assert result.incomplete_groups == ["batch 0: group (adapter=None, group_index=16) holds 3 episodes and "
+                                        "0 abandoned of 4"]
+    assert result.ok and result.dlq_reasons == {"stream/unfinished": 1}

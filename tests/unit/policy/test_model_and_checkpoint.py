@@ -215,3 +215,18 @@ def test_the_same_weights_make_the_same_file(model, tmp_path):
 def test_a_missing_checkpoint_is_refused_by_name(tmp_path):
     with pytest.raises(CheckpointError, match="absent.safetensors"):
         read_checkpoint(tmp_path / "absent.safetensors")
+
+
+def test_a_refusal_says_what_is_wrong_in_words_a_log_line_can_carry(saved, tmp_path):
+    """``problem``: ``missing`` for an absent file, ``sha256 mismatch (...)`` for other bytes (what a generator's
+    line puts after ``version N at URI:``); an unreadable path says why instead."""
+    with pytest.raises(CheckpointError) as absent:
+        read_checkpoint(tmp_path / "absent.safetensors", saved.sha256)
+    assert absent.value.problem == "missing" and absent.value.path == str(tmp_path / "absent.safetensors")
+    wrong = hashlib.sha256(b"another file").hexdigest()
+    with pytest.raises(CheckpointError) as mismatch:
+        read_checkpoint(saved.path, wrong)
+    assert mismatch.value.problem == f"sha256 mismatch (the file's {saved.sha256} does not match the published {wrong})"
+    with pytest.raises(CheckpointError) as directory:
+        read_checkpoint(tmp_path, saved.sha256)
+    assert directory.value.problem.startswith("cannot be read (")

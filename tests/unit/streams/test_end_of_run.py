@@ -20,8 +20,8 @@ def _forwarder(events: list) -> tuple[EndOfRunForwarder, Counter]:
     async def send(topic, key, value, headers, *, wait, partition=None):
         events.append(("send", topic, key, partition, wait))
 
-    async def settle(partition):
-        events.append(("settle", partition))
+    async def settle(marker):
+        events.append(("settle", marker.partition))
 
     outcomes = Counter()
     rejects = Rejections(ChangelogState({}), send, TOPICS, outcomes, finish=lambda *a: None, forget=lambda k: None)
