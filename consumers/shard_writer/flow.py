@@ -12,6 +12,8 @@ adds it), all floats; the names are ``rollout_bus.wire.flow_metrics``' (their on
   (the episode record's header: the generator's clock when it sent that turn), in seconds; numpy's
   linear percentiles. Absent when no written episode has a ``sent_at`` above 0.
 * ``flow/response_tokens``: the response tokens of every episode the batch decided on, written and stale.
+* ``flow/incomplete_groups``: the groups the batch holds short (the end-of-run flush: the run ended without
+  their missing members; the manifest says ``complete: false``), so ``tail`` shows them beside the dead letters.
 * ``flow/discarded_tokens/{aborted,removed,stale}`` and ``flow/discarded_token_fraction/{...}`` (over
   ``flow/response_tokens``), plus the unscoped ``flow/discarded_token_fraction``, their sum: a stale
   episode's tokens (dropped by the staleness net, dead-lettered as ``stale``), a removed sample's
@@ -31,8 +33,9 @@ import numpy as np
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.consumers.shard_writer.decide import Decision
 from rollout_bus.consumers.shard_writer.episodes import Episode
-from rollout_bus.wire.flow_metrics import (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, DISCARD_CAUSES, RESPONSE_TOKENS,
-                                           SAMPLE_AGE_MAX, SAMPLE_AGE_P50, SAMPLE_AGE_P99, discarded_token_fraction,
+from rollout_bus.wire.flow_metrics import (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, DISCARD_CAUSES, INCOMPLETE_GROUPS,
+                                           RESPONSE_TOKENS, SAMPLE_AGE_MAX, SAMPLE_AGE_P50, SAMPLE_AGE_P99,
+                                           discarded_token_fraction,
                                            discarded_tokens)
 from rollout_bus.wire.headers import HEADER_SENT_AT
 
@@ -68,6 +71,7 @@ def batch_flow(decision: Decision, now_ms: int) -> dict[str, float]:
     }
     total = _tokens(written) + discarded[CAUSE_STALE]
     found[RESPONSE_TOKENS] = float(total)
+    found[INCOMPLETE_GROUPS] = float(sum(not group.complete for group in batch.groups))
     for cause in DISCARD_CAUSES:
         found[discarded_tokens(cause)] = float(discarded[cause])
         if total:

@@ -29,7 +29,7 @@ from rich.table import Table
 from rollout_bus.cli import options
 from rollout_bus.config import KafkaSettings, ShardSettings, StreamSettings
 from rollout_bus.observe.live_feed import MetricsFeed
-from rollout_bus.wire.flow_metrics import (DISCARD_CAUSES, SAMPLE_AGE_P50, SAMPLE_AGE_P99, WAIT_KEYS,
+from rollout_bus.wire.flow_metrics import (DISCARD_CAUSES, INCOMPLETE_GROUPS, SAMPLE_AGE_P50, SAMPLE_AGE_P99, WAIT_KEYS,
                                            discarded_token_fraction)
 from rollout_bus.wire.metrics_records import METRIC_PREFIX
 
@@ -95,6 +95,9 @@ def render(snapshot: dict[str, Any]) -> Group:
         dead.add_column(column)
     for row in dlq["by_reason"]:
         dead.add_row(row["stage"], row["kind"], str(row["count"]))
+    short = snapshot["flow"]["batch_totals"].get(METRIC_PREFIX + INCOMPLETE_GROUPS)
+    if short:  # the end-of-run flush wrote groups without members the run never finished (their DLQ rows above)
+        dead.caption = f"{int(short)} groups written short (manifest complete: false)"
     lag = Table(title="consumer lag", title_justify="left")
     for column in ["group", "topic", "partition", "committed", "end", "lag", "log start", "retention"]:
         lag.add_column(column)

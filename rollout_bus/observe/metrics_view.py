@@ -38,7 +38,7 @@ from typing import Any
 
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.flow_metrics import DISCARDED_TOKENS, RESPONSE_TOKENS
+from rollout_bus.wire.flow_metrics import DISCARDED_TOKENS, INCOMPLETE_GROUPS, RESPONSE_TOKENS
 from rollout_bus.wire.metrics_records import METRIC_PREFIX, fold_window_records, prefixed
 from rollout_bus.wire.weight_version import WeightVersion
 from rollout_bus.wire.rollout_key import rollout_key_adapter
@@ -50,7 +50,8 @@ WindowId = tuple[int, int, str | None]  # start_ms, end_ms, adapter
 _ADAPTER_SCOPE = "adapter/"
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 _STALENESS = "staleness/"
-FLOW_TOTALS = (METRIC_PREFIX + DISCARDED_TOKENS, METRIC_PREFIX + RESPONSE_TOKENS)  # summed over batches
+FLOW_TOTALS = (METRIC_PREFIX + DISCARDED_TOKENS, METRIC_PREFIX + RESPONSE_TOKENS,  # summed over batches
+               METRIC_PREFIX + INCOMPLETE_GROUPS)
 STALENESS_STATS = ("mean", "max", "oldest")
 
 

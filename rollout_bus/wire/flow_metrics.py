@@ -46,6 +46,7 @@ SAMPLE_AGE_P99 = "flow/sample_age_s/p99"
 SAMPLE_AGE_MAX = "flow/sample_age_s/max"
 SAMPLE_AGE_KEYS = (SAMPLE_AGE_P50, SAMPLE_AGE_P99, SAMPLE_AGE_MAX)
 RESPONSE_TOKENS = "flow/response_tokens"
+INCOMPLETE_GROUPS = "flow/incomplete_groups"  # groups the batch holds short: the run ended without their members
 DISCARDED_TOKENS = "flow/discarded_tokens/"  # + cause
 DISCARDED_TOKEN_FRACTION = "flow/discarded_token_fraction"  # the sum; + "/" + cause for one cause
 

@@ -117,3 +117,21 @@ def test_a_trainer_of_some_ranks_is_its_own_source():
     def feeds(*ranks):
         return {r: SimpleNamespace(dp_size=4) for r in ranks}
     assert trainer_source(feeds(0, 1, 2, 3)) == "trainer" and trainer_source(feeds(2, 3)) == "trainer-ranks-2-3"
+
+
+def test_tail_says_how_many_groups_were_written_short_summed_over_batches():
+    from rich.console import Console
+
+    from rollout_bus.cli.tail import render
+
+    view = MetricsView()
+    for seq, short in ((0, 0.0), (1, 2.0), (2, 1.0)):
+        view.add_metrics(batch_metrics_record(seq, {"flow/incomplete_groups": short}, samples=2, manifest_path="m"))
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render(view.snapshot()))
+    assert "3 groups written short (manifest complete: false)" in " ".join(console.export_text().split())
+    quiet = MetricsView()
+    quiet.add_metrics(batch_metrics_record(0, {"flow/incomplete_groups": 0.0}, samples=2, manifest_path="m"))
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render(quiet.snapshot()))
+    assert "written short" not in console.export_text()

@@ -9,7 +9,9 @@ import pytest
 from rollout_bus.model.sample import Status
 from rollout_bus.consumers.shard_writer.flow import batch_flow, episode_sent_at_ms
 from rollout_bus.wire.headers import HEADER_SENT_AT
-from tests.unit.consumers.shard_writer.test_decide import batch_3, decided, episode, segment
+from rollout_bus.consumers.shard_writer.batcher import Batcher
+from rollout_bus.wire.run_record import RunBatching
+from tests.unit.consumers.shard_writer.test_decide import G, batch_3, decided, episode, segment
 
 NOW_MS = 1_767_225_600_000
 
@@ -51,3 +53,14 @@ def test_discarded_tokens_by_cause_and_their_fractions_of_every_token_decided_on
 def test_a_batch_that_throws_nothing_away_says_zero_not_nothing():
     flow = batch_flow(decided(batch_3(*(episode(g, r) for g in (6, 7) for r in (0, 1)))), NOW_MS)
     assert flow["flow/discarded_token_fraction"] == 0.0 and flow["flow/discarded_tokens/stale"] == 0.0
+
+
+def test_groups_written_short_are_counted_and_a_full_batch_counts_none():
+    full = batch_flow(decided(batch_3(*(episode(g, r) for g in (6, 7) for r in (0, 1)))), NOW_MS)
+    assert full["flow/incomplete_groups"] == 0.0
+    batcher = Batcher(RunBatching(G, "step"))
+    for e in (episode(6, 0), episode(6, 1), episode(7, 0)):  # group 7 lacks a member: the run ended without it
+        batcher.add(e)
+    [short] = batcher.flush()
+    assert [g.complete for g in short.groups] == [True, False]
+    assert batch_flow(decided(short), NOW_MS)["flow/incomplete_groups"] == 1.0
