@@ -3,7 +3,6 @@ checked before the cluster is touched), and a demo's --out holding another run i
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 
 from rollout_bus.cli.main import app
 from rollout_bus.consumers.shard_writer.writer_lock import LOCK_NAME, hold_writer_lock
+from tests.unit.cli.test_operator_mistakes import another_runs_dir
 
 runner = CliRunner()
 
@@ -36,12 +36,7 @@ def test_refused_demo_and_shards_create_no_topic_and_leave_the_other_run_as_it_w
     prefix = f"t{uuid.uuid4().hex[:10]}."
     on = ["--bootstrap-servers", kafka_bootstrap, "--topic-prefix", prefix]
     (tmp_path / "a-file").write_text("x")
-    other = tmp_path / "other"
-    (other / "logs").mkdir(parents=True)
-    (other / "logs" / "shards.log").write_text("the other run's log\n")
-    (other / "run.json").write_text(json.dumps({"run_id": "R1", "topic_prefix": "demo-R1."}))
-    with hold_writer_lock(other / "shards", {"group": "demo-R1.rollout-bus-shards"}):
-        lock = (other / "shards" / LOCK_NAME).read_bytes()
+    other, lock = another_runs_dir(tmp_path)
     assert "it is a file" in _refused(["demo", *on, "--out", str(tmp_path / "a-file")])
     assert "holds run R1" in _refused(["demo", *on, "--out", str(other)])
     assert "it is a file" in _refused(["shards", *on, "--out", str(tmp_path / "a-file")])

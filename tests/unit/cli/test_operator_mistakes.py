@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -57,6 +58,17 @@ def test_generate_summary_out_that_cannot_be_written_is_one_line(tmp_path, monke
     assert "is a directory" in refused(["generate", "--summary-out", str(tmp_path)], tmp_path)
 
 
+def another_runs_dir(root: Path) -> tuple[Path, bytes]:
+    """``root/other``: what a demo run R1 left (run.json, a log, the shard writer's lock released), and its lock."""
+    other = root / "other"
+    (other / "logs").mkdir(parents=True)
+    (other / "logs" / "shards.log").write_text("the other run's log\n")
+    (other / "run.json").write_text(json.dumps({"run_id": "R1", "topic_prefix": "demo-R1."}))
+    with hold_writer_lock(other / "shards", {"group": "demo-R1.rollout-bus-shards"}):
+        lock = (other / "shards" / LOCK_NAME).read_bytes()
+    return other, lock
+
+
 def test_a_read_only_directory_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     real = os.access
@@ -69,12 +81,7 @@ def test_a_read_only_directory_is_one_line(tmp_path, monkeypatch):
 
 def test_demo_refuses_an_out_holding_another_run_and_leaves_its_logs_and_lock_as_they_were(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    other = tmp_path / "other"
-    (other / "logs").mkdir(parents=True)
-    (other / "logs" / "shards.log").write_text("the other run's log\n")
-    (other / "run.json").write_text(json.dumps({"run_id": "R1", "topic_prefix": "demo-R1."}))
-    with hold_writer_lock(other / "shards", {"group": "demo-R1.rollout-bus-shards"}):
-        lock = (other / "shards" / LOCK_NAME).read_bytes()
+    other, lock = another_runs_dir(tmp_path)
     line = refused(["demo", "--out", "other"], tmp_path)
     assert "--out other holds run R1 (topics demo-R1.rollout.*): run.json, logs, shards" in line
     assert (other / "logs" / "shards.log").read_text() == "the other run's log\n"
