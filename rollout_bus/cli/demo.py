@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -11,9 +12,11 @@ from rollout_bus.cli import options
 from rollout_bus.config import BatchingSettings, KafkaSettings
 from rollout_bus.errors import BrokerError, ConfigError, ContractError
 from rollout_bus.local_kafka.local_broker import BrokerLease
-from rollout_bus.demo.run import DemoOptions, run_demo
 from rollout_bus.demo.run_dir import out_problem
 from rollout_bus.wire.topics import check_prefix
+
+if TYPE_CHECKING:
+    from rollout_bus.demo.run import DemoOptions
 
 console = Console(stderr=True)
 
@@ -68,6 +71,10 @@ def demo(
                                          max_staleness=max_staleness)
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
     _refuse_mistakes(topic_prefix, out)
+    if settings.bootstrap_servers:  # a closed port is said before the harness's imports (torch: seconds)
+        options.cluster_answers(settings.client_kwargs())
+    from rollout_bus.demo.run import DemoOptions  # the harness imports torch (seconds): only when a demo runs
+
     run_options = DemoOptions(episodes=episodes or (LEARN_EPISODES if learn else 64), seed=seed, adapters=adapters,
                               n_samples_per_prompt=n_samples_per_prompt or (LEARN_SAMPLES_PER_PROMPT if learn else 4),
                               batching=run_batching, dp_size=dp_size, out=out, topic_prefix=topic_prefix,
@@ -122,6 +129,8 @@ def _run_on_broker(settings: KafkaSettings, run_options: DemoOptions, *, port: i
             else:
                 conn = {**settings.client_kwargs(), "bootstrap_servers": bootstrap}
             options.cluster_answers(conn)  # a closed port is said at once, in one line
+            from rollout_bus.demo.run import run_demo
+
             return run_demo(conn, run_options, console)
     except (BrokerError, ConfigError) as exc:
         options.say_error(exc)

@@ -27,9 +27,9 @@ import typer
 from rich.console import Console
 
 from rollout_bus.cli import options
-from rollout_bus.errors import RolloutBusError
+from rollout_bus.errors import ConfigError, RolloutBusError
 from rollout_bus.kafka.admin import wait_for_cluster
-from rollout_bus.sim.trainer import DEFAULT_VOCAB_SIZE, TrainSimOptions, run_train_sim
+from rollout_bus.config import GenerateSettings
 
 console = Console(stderr=True)
 
@@ -57,27 +57,32 @@ def parse_ranks(ranks: str, dp_size: int) -> list[int]:
     return parsed
 
 
-def run_command(name: str, run: Callable[..., Any], make_options: Callable[..., Any], *,
+def run_command(name: str, load: Callable[[], tuple[Callable[..., Any], Callable[..., Any]]], *,
                 bootstrap_servers: str | None, topic_prefix: str | None, ranks: str, dp_size: int, verbose: bool,
                 show_weights: bool = False, **step: Any) -> None:
     """What both commands do around their trainer: logging, the connection, the ranks, the opening line, a
-    progress line while it trains, the summary, and exit 1 on the project's errors."""
+    progress line while it trains, the summary, and exit 1 on the project's errors. ``load`` gives the trainer
+    and its options class; it is called once the cluster answered (its imports, torch, take seconds)."""
     options.configure_logging(verbose)
     kafka = options.kafka_settings(bootstrap_servers, topic_prefix)
     options.writable_dir(step.get("checkpoint_dir"), "--checkpoint-dir")  # before a record or a file is written
-    connection = kafka.client_kwargs()
-    run_options = make_options(bootstrap_servers=connection.pop("bootstrap_servers"), kafka=connection,
-                               topic_prefix=kafka.topic_prefix, ranks=parse_ranks(ranks, dp_size), dp_size=dp_size,
-                               **step)
+    rank_list = parse_ranks(ranks, dp_size)
     weights = f", weights -> {kafka.topics().weights}" if show_weights else ""
-    console.print(f"{name}: {kafka.topics().shards} ranks={','.join(map(str, run_options.ranks))} "
-                  f"dp_size={dp_size} -> {run_options.checkpoint_dir}{weights}", soft_wrap=True)
+    console.print(f"{name}: {kafka.topics().shards} ranks={','.join(map(str, rank_list))} "
+                  f"dp_size={dp_size} -> {step['checkpoint_dir']}{weights}", soft_wrap=True)
 
     try:  # a closed port: one WARNING line at once, then the wait for a batch's --timeout
-        wait_for_cluster(kafka.client_kwargs(), run_options.timeout_s)
+        wait_for_cluster(kafka.client_kwargs(), step["timeout_s"])
     except RolloutBusError as exc:
         options.say_error(exc)
         raise typer.Exit(1) from exc
+    run, make_options = load()
+    connection = kafka.client_kwargs()
+    try:
+        run_options = make_options(bootstrap_servers=connection.pop("bootstrap_servers"), kafka=connection,
+                                   topic_prefix=kafka.topic_prefix, ranks=rank_list, dp_size=dp_size, **step)
+    except ConfigError as exc:  # a value no flag's range rules out (--temperature 0): one line, exit 2
+        options.refuse(str(exc))
 
     def show(progress: Any) -> None:
         loss = "" if progress.loss is None else f", loss {progress.loss:.5f}"
@@ -91,6 +96,18 @@ def run_command(name: str, run: Callable[..., Any], make_options: Callable[..., 
         options.say_error(exc)
         raise typer.Exit(1) from exc
     console.print(result.summary(), soft_wrap=True)
+
+
+def _learn_trainer() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    from rollout_bus.learn.trainer import LearnOptions, run_learn  # torch and transformers: only here
+
+    return run_learn, LearnOptions
+
+
+def _sim_trainer() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    from rollout_bus.sim.trainer import TrainSimOptions, run_train_sim  # torch: only here
+
+    return run_train_sim, TrainSimOptions
 
 
 def train(
@@ -112,9 +129,7 @@ def train(
     verbose: bool = VERBOSE,
 ) -> None:
     """Train the generators' policy on the announced shards of every given rank, shipping each new version."""
-    from rollout_bus.learn.trainer import LearnOptions, run_learn  # torch and transformers: only here
-
-    run_command("train", run_learn, LearnOptions, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
+    run_command("train", _learn_trainer, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
                 ranks=ranks, dp_size=dp_size, verbose=verbose, show_weights=True, shards_root=shards_root,
                 checkpoint_dir=checkpoint_dir, seed=seed, lr=lr, temperature=temperature, timeout_s=timeout,
                 max_batches=max_batches, torch_threads=torch_threads, device=device)
@@ -132,7 +147,7 @@ def train_sim(
     seed: int = typer.Option(0, "--seed", help="Seeds the policy's initial weights."),
     lr: float = typer.Option(1e-3, "--lr", min=0.0, help=LR_HELP),
     dim: int = typer.Option(16, "--dim", min=1, help="Embedding width of the tiny policy."),
-    vocab_size: int = typer.Option(DEFAULT_VOCAB_SIZE, "--vocab-size", min=2,
+    vocab_size: int = typer.Option(GenerateSettings.model_fields["vocab_size"].default, "--vocab-size", min=2,
                                    help="The generator's vocabulary size (shards do not record it)."),
     timeout: float = TIMEOUT,
     max_batches: int | None = MAX_BATCHES,
@@ -141,7 +156,7 @@ def train_sim(
     verbose: bool = VERBOSE,
 ) -> None:
     """Train a tiny policy on the announced shards of every given rank, checkpointing as it goes."""
-    run_command("train-sim", run_train_sim, TrainSimOptions, bootstrap_servers=bootstrap_servers,
+    run_command("train-sim", _sim_trainer, bootstrap_servers=bootstrap_servers,
                 topic_prefix=topic_prefix, ranks=ranks, dp_size=dp_size, verbose=verbose, shards_root=shards_root,
                 checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, seed=seed, lr=lr, dim=dim,
                 vocab_size=vocab_size, timeout_s=timeout, max_batches=max_batches, step_delay_s=step_delay,

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rollout_bus.cli.train as cli
+import rollout_bus.sim.trainer as sim
 from rollout_bus.cli.main import app
 from rollout_bus.cli.train import parse_ranks
 from rollout_bus.consumers.feed.loop import TrainProgress, TrainResult
@@ -37,7 +38,7 @@ def test_train_sim_command_flags_reach_the_options_and_errors_exit_1(monkeypatch
         on_progress(TrainProgress(1, 0, 0.5))
         return TrainResult("train-sim", 1, 1, 0, 0.5, 0, opts.checkpoint_dir / CHECKPOINT_NAME)
 
-    monkeypatch.setattr(cli, "run_train_sim", fake_run)
+    monkeypatch.setattr(sim, "run_train_sim", fake_run)
     args = ["train-sim", "--bootstrap-servers", "h:1", "--topic-prefix", "p.", "--ranks", "all", "--dp-size", "3",
             "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "5", "--seed", "4", "--lr", "0.5",
             "--timeout", "7", "--max-batches", "9", "--shards-root", str(tmp_path / "s")]
@@ -51,14 +52,14 @@ def test_train_sim_command_flags_reach_the_options_and_errors_exit_1(monkeypatch
     def failing(opts, on_progress=None):
         raise FeedTimeoutError("rank 0: no batch 0 within 7s")
 
-    monkeypatch.setattr(cli, "run_train_sim", failing)
+    monkeypatch.setattr(sim, "run_train_sim", failing)
     done = CliRunner().invoke(app, args[:-2])
     assert done.exit_code == 1 and "no batch 0" in done.output
 
 
 def test_train_sim_defaults_are_the_stand_ins(monkeypatch):
     seen: list[TrainSimOptions] = []
-    monkeypatch.setattr(cli, "run_train_sim", lambda opts, on_progress=None: seen.append(opts) or TrainResult(
+    monkeypatch.setattr(sim, "run_train_sim", lambda opts, on_progress=None: seen.append(opts) or TrainResult(
         "train-sim", 0, 0, None, None, 0, opts.checkpoint_dir / CHECKPOINT_NAME))
     done = CliRunner().invoke(app, ["train-sim", "--bootstrap-servers", "h:1", "--dim", "8", "--vocab-size", "64",
                                     "--step-delay", "0.5", "--torch-threads", "0"])
