@@ -22,6 +22,12 @@ Contract:
 
   A higher attempt starting at turn 0 discards the older attempt: ``Decision.discard`` lists the
   turn keys to delete.
+* Deliveries (the ``delivery`` header of a turn made for a prompt group from rollout.prompts) come before
+  attempts: a turn of a higher delivery than the episode's takes it over (the generator of the lower one died
+  or was fenced): at turn 0 it discards the open attempt (``Decision.takeover``), whichever generator made it,
+  and is never a ``collision``; for an episode already finished it is ``REDONE`` (the same episode by identity,
+  made again: ignored and counted). A turn of a lower delivery is ``FENCED``: a zombie's late turn, ignored and
+  counted, never merged.
 * ``finished_index(index, partition, final_offset)`` is the marker kept after emission (or
   abandonment), so late turns are told apart from redeliveries; it is pruned once the partition
   has moved far past it (``rollout_bus.streams.finished_markers``). ``share_final_reward(segments, final)`` gives every sibling segment the
@@ -52,6 +58,8 @@ class Action(str, Enum):
     DUPLICATE = "duplicate"
     SUPERSEDED = "superseded"
     DLQ = "dlq"
+    FENCED = "fenced"  # a lower delivery than the episode's: a zombie generator's late turn
+    REDONE = "redone"  # a higher delivery for a finished episode: made again after a takeover, already emitted
     HOLD = "hold"  # ahead of its predecessor: kept until it arrives (``held_turns``), a gap only at the run's end
 
 
@@ -73,6 +81,7 @@ class EpisodeIndex:
     partition: int = -1
     final_offset: int = -1
     generator: str | None = None  # the ``generator`` header of its turn 0 (None: not said)
+    delivery: int = 0  # the prompt group's delivery its turns carry (0: a generator that plans its own groups)
 
     def to_bytes(self) -> bytes:
         values: list = [self.attempt, self.next_turn, int(self.finished), self.group_size]
@@ -80,16 +89,23 @@ class EpisodeIndex:
             values += [self.partition, self.final_offset]
         if self.generator is not None:
             values.append(self.generator)
+        if self.delivery:
+            values.append({"delivery": self.delivery})
         return compact_json(values)  # a list: key order does not arise
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
         """Strict inverse of ``to_bytes``; ContractError on anything else."""
-        shape = "[attempt, next_turn, finished, group_size] or [..., partition, final_offset], then the generator"
+        shape = ("[attempt, next_turn, finished, group_size] or [..., partition, final_offset], then the generator, "
+             "then {\"delivery\": d}")
         try:
             values = json.loads(raw)
         except (ValueError, TypeError) as exc:
             raise ContractError(must_be("episode index", shape, raw)) from exc
+        tail = values.pop() if isinstance(values, list) and values and isinstance(values[-1], dict) else {}
+        delivery = tail.get("delivery", 0)
+        if set(tail) - {"delivery"} or not isinstance(delivery, int) or isinstance(delivery, bool) or delivery < 0:
+            raise ContractError(must_be("episode index", shape, raw))
         generator = values.pop() if isinstance(values, list) and values and isinstance(values[-1], str) else None
         if not isinstance(values, list) or len(values) not in (4, 6):
             raise ContractError(must_be("episode index", shape, raw))
@@ -99,7 +115,7 @@ class EpisodeIndex:
             raise ContractError(must_be("episode index", "non-negative integers", raw))
         attempt, next_turn, finished, group_size, *where = values
         partition, final_offset = where or (-1, -1)
-        return cls(attempt, next_turn, bool(finished), group_size, partition, final_offset, generator)
+        return cls(attempt, next_turn, bool(finished), group_size, partition, final_offset, generator, delivery)
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,7 @@ class Decision:
     discard_turns: int = 0  # how many turns that attempt had stored
     kind: DlqKind | str = ""
     reason: str = ""  # human-readable, for the DLQ and the log
+    takeover: bool = False  # the discarded attempt was another delivery's (a generator that died or was fenced)
 
 
 def index_key(rollout_key: bytes) -> bytes:
@@ -141,11 +158,27 @@ def parse_stored_turn(raw: bytes) -> tuple[int, int, bytes]:
 
 def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None, generator: str | None = None) -> Decision:
     index = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size,
-                         generator=generator if generator is not None else headers.generator)
+                         generator=generator if generator is not None else headers.generator,
+                         delivery=headers.delivery)
     action = Action.EMIT if headers.final else Action.STORE
     if discard is None:
         return Decision(action, index)
-    return Decision(action, index, discard_attempt=discard.attempt, discard_turns=discard.next_turn)
+    return Decision(action, index, discard_attempt=discard.attempt, discard_turns=discard.next_turn,
+                    takeover=discard.delivery != headers.delivery)
+
+
+def _decide_delivery(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
+    """A turn of another delivery of the prompt group than the one the episode holds (see the module docstring)."""
+    said = f"turn {headers.turn} of delivery {headers.delivery} from generator {headers.generator!r}"
+    if headers.delivery < index.delivery:
+        return Decision(Action.FENCED, reason=f"{said}: delivery {index.delivery} took the episode over "
+                                              f"(from generator {index.generator!r})")
+    if index.finished:
+        return Decision(Action.REDONE, reason=f"{said}: the episode was finished by delivery {index.delivery}")
+    if headers.turn == 0:
+        return _accept(headers, discard=index)
+    return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"{said} arrived before its turn 0 (delivery "
+                                                     f"{index.delivery} was open)")
 
 
 def _decide_finished(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
@@ -166,6 +199,8 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
             return _accept(headers)
         return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
                                                          f"arrived but turn 0 was never seen")
+    if headers.delivery != index.delivery:
+        return _decide_delivery(index, headers)
     if index.generator is not None and headers.generator is not None and index.generator != headers.generator:
         return Decision(Action.DLQ, kind=DlqKind.COLLISION,
                         reason=f"turn {headers.turn} of attempt {headers.attempt} is from generator "
@@ -193,7 +228,7 @@ def finished_index(index: EpisodeIndex, partition: int = -1, final_offset: int =
     """The marker left once the episode is emitted: same attempt and last turn, finished, and
     where its final turn was (for pruning)."""
     return EpisodeIndex(index.attempt, index.next_turn, True, index.group_size, partition, final_offset,
-                        index.generator)
+                        index.generator, index.delivery)
 
 
 def share_final_reward(segments: list[Sample], final: Sample) -> list[Sample]:

@@ -7,8 +7,10 @@ its episode's state, and nothing here reads a position or awaits an acknowledgem
 Contract (state keys in ``episode_state`` and ``held_turns``):
 
 * ``turn(record)`` decides the turn against its episode index (``episode_state.decide``): a duplicate or a
-  superseded turn is counted and ignored; a turn that starts a new attempt discards the stored turns of the
-  old one; a turn ahead of its predecessor is held and taken up again once the predecessor is stored; a
+  superseded turn is counted and ignored, and so are a zombie generator's ``fenced`` turn (a lower delivery)
+  and a finished episode ``redone`` by a higher delivery; a turn that starts a new attempt discards the stored
+  turns of the old one (a new delivery's: counted as taken over, not superseded, with the response tokens it
+  throws away: ``takeover_tokens_discarded``); a turn ahead of its predecessor is held and taken up again once the predecessor is stored; a
   stored turn is kept as parsed on arrival while the worker lives, so merging decodes nothing twice
   (``decode_turn`` reads one back from the state after a recovery).
 * A rejected turn goes to rollout.dlq (``rejections``); a rejected final turn abandons its episode, and any
@@ -54,6 +56,11 @@ from rollout_bus.wire.topics import Topics
 logger = logging.getLogger(__name__)
 
 
+# What an ignored turn is counted as (the stream's outcome counts).
+_IGNORED = {Action.DUPLICATE: "duplicates_ignored", Action.SUPERSEDED: "superseded_turns",
+            Action.FENCED: "fenced_turns", Action.REDONE: "redone_turns"}
+
+
 def decode_turn(payload: bytes) -> Sample:
     """A stored turn's payload as its sample again (after a recovery nothing parsed on arrival is cached)."""
     return decode_samples(payload, TURN_FIELDS)[0][0]
@@ -86,7 +93,8 @@ class TurnMerge:
             raw_index = self.table.get(index_key(record.key))
             index = EpisodeIndex.from_bytes(raw_index) if raw_index is not None else None
             decision = decide(index, headers)
-            if index is not None and index.finished and headers.final and headers.attempt == index.attempt:
+            if (index is not None and index.finished and headers.final and headers.attempt == index.attempt
+                    and headers.delivery == index.delivery):
                 for turn in range(headers.turn):  # a replayed final: stored turns a crash left behind the marker
                     self.forget(turn_key(record.key, headers.attempt, turn))
             await self._apply(decision, record, headers, sample)
@@ -109,10 +117,10 @@ class TurnMerge:
             await self.turn(held_record(held_key(record.key, headers.attempt, headers.turn + 1), raw), released=True)
 
     async def _apply(self, decision: Decision, record: TurnRecord, headers: TurnHeaders, sample: Sample) -> None:
-        if decision.action in (Action.DUPLICATE, Action.SUPERSEDED):
-            self.outcomes["duplicates_ignored" if decision.action is Action.DUPLICATE else "superseded_turns"] += 1
-            logger.debug("ignored %s key=%r offset=%d: %s", decision.action.value, record.key, record.offset,
-                         decision.reason)
+        if decision.action in _IGNORED:
+            self.outcomes[_IGNORED[decision.action]] += 1
+            log = logger.info if decision.action is Action.FENCED else logger.debug
+            log("ignored %s key=%r offset=%d: %s", decision.action.value, record.key, record.offset, decision.reason)
             return
         if decision.action is Action.DLQ:
             raise Rejected(decision.kind, decision.reason)
@@ -120,10 +128,16 @@ class TurnMerge:
             self._hold(decision, record, headers)
             return
         if decision.discard_attempt is not None:
+            if decision.takeover:  # another delivery's attempt: its generator died or was fenced
+                self.outcomes["taken_over_episodes"] += 1
+                self.outcomes["takeover_turns_discarded"] += decision.discard_turns
+                self.outcomes["takeover_tokens_discarded"] += self._response_tokens(
+                    record.key, decision.discard_attempt, decision.discard_turns)
             for turn in range(decision.discard_turns):
                 self.forget(turn_key(record.key, decision.discard_attempt, turn))
-            self.outcomes["superseded_attempts"] += 1
-            self.outcomes["superseded_turns_discarded"] += decision.discard_turns
+            if not decision.takeover:
+                self.outcomes["superseded_attempts"] += 1
+                self.outcomes["superseded_turns_discarded"] += decision.discard_turns
         if decision.action is Action.STORE:
             key = turn_key(record.key, headers.attempt, headers.turn)
             self.table[key] = stored_turn(record.offset, headers.sent_at_ms, record.value or b"")
@@ -184,6 +198,15 @@ class TurnMerge:
             if index is None or index.finished or settles_on(key[2:], index) != marker.partition:
                 continue
             await self.rejects.unfinished(marker, key[2:], index)
+
+    def _response_tokens(self, key: bytes, attempt: int, count: int) -> int:
+        """The response tokens of an attempt's stored turns 0..count-1 (what a takeover throws away)."""
+        total = 0
+        for turn in range(count):
+            raw = self.table.get(turn_key(key, attempt, turn))
+            if raw is not None:
+                total += self._stored_sample(key, attempt, turn, parse_stored_turn(raw)[2]).response_length
+        return total
 
     def forget(self, key: bytes) -> None:
         """Delete through ``__delitem__``, the path that writes the changelog tombstone."""

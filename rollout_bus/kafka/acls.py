@@ -13,7 +13,9 @@ role          allowed
 every role    DESCRIBE and DESCRIBE_CONFIGS on every topic of the prefix (finding the run's topics and
               their record limits); READ and WRITE on rollout.run (the first stage declares the batching)
 generator     WRITE rollout.turns (turns, end-of-run markers), rollout.dlq, rollout.metrics (its flow);
-              READ rollout.weights
+              READ rollout.weights; READ rollout.prompts, READ and WRITE rollout.prompt_ledger (claimed,
+              done, failed), READ and DESCRIBE its group (``rollout-bus-generators``: the generators that
+              share the prompt groups); WRITE rollout.prompts (an operator's load, below)
 stream        READ rollout.turns, WRITE rollout.turns (a misplaced turn re-routed), rollout.episodes,
               rollout.metrics, rollout.dlq; its group (the Faust app id) and the Faust app's own topics
               (``{app_id}-...``: state changelog, leader topic): READ, WRITE, CREATE, ALTER (the
@@ -25,6 +27,9 @@ observer      READ every topic of the prefix, DESCRIBE its groups (``{prefix}rol
 ============  ========================================================================================
 
 Topics are created by an administrator (``rollout-bus topics create`` as ``admin``), not by the stages.
+Loading prompts (``rollout-bus prompts load``: prompt groups to rollout.prompts, then a ``loaded`` event to
+rollout.prompt_ledger) is an operator act, not a stage's; it runs as the generator role, which therefore also
+WRITEs rollout.prompts (no other role does).
 
 Contract: ``role_bindings(role, principal, topics, ...)`` is pure: the ``Binding``s (resource, name, pattern,
 operation; always ALLOW, any host) of one role, sorted; ``apply_bindings(conn, bindings)`` creates them
@@ -46,6 +51,7 @@ from rollout_bus.wire.topics import Topics
 ROLES = ("generator", "stream", "shards", "trainer", "observer")
 STREAM_APP_ID = "rollout-bus-stream"
 SHARDS_GROUP = "rollout-bus-shards"
+GENERATORS_GROUP = "rollout-bus-generators"  # the generators sharing rollout.prompts (``Topics.group`` adds the prefix)
 GROUPS_PREFIX = "rollout-bus-"  # the stages' own groups begin so (after the topic prefix)
 
 
@@ -71,7 +77,7 @@ def _group(name: str, *operations: str, prefixed: bool = False) -> list[Binding]
 
 
 def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: str = STREAM_APP_ID,
-                  shards_group: str = SHARDS_GROUP) -> list[Binding]:
+                  shards_group: str = SHARDS_GROUP, generators_group: str = GENERATORS_GROUP) -> list[Binding]:
     """The ACLs of ``role`` on the run of ``topics`` (the group names before the prefix, as the stages take them)."""
     if role not in ROLES:
         raise ConfigError(must_be("role", f"one of {', '.join(ROLES)}", role))
@@ -85,7 +91,8 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
     found = _topic(run_topics, "DESCRIBE", "DESCRIBE_CONFIGS", prefixed=True) + _topic(t.run, "READ", "WRITE")
     if role == "generator":
         found += (_topic(t.turns, "WRITE") + _topic(t.dlq, "WRITE") + _topic(t.weights, "READ")
-                  + _topic(t.metrics, "WRITE"))
+                  + _topic(t.metrics, "WRITE") + _topic(t.prompts, "READ", "WRITE")
+                  + _topic(t.prompt_ledger, "READ", "WRITE") + _group(t.group(generators_group), "READ", "DESCRIBE"))
     elif role == "stream":
         app = t.group(stream_app_id)
         found += (_topic(t.turns, "READ", "WRITE") + _topic(t.episodes, "WRITE") + _topic(t.metrics, "WRITE")
@@ -101,10 +108,11 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
 
 
 def grant_roles(conn: Mapping[str, Any], topics: Topics, *, stream_app_id: str = STREAM_APP_ID,
-                shards_group: str = SHARDS_GROUP) -> int:
+                shards_group: str = SHARDS_GROUP, generators_group: str = GENERATORS_GROUP) -> int:
     """Every role's principal, named as the role, gets its ACLs on the run of ``topics``; return how many."""
     return apply_bindings(conn, [(role, b) for role in ROLES for b in role_bindings(
-        role, role, topics, stream_app_id=stream_app_id, shards_group=shards_group)])
+        role, role, topics, stream_app_id=stream_app_id, shards_group=shards_group,
+        generators_group=generators_group)])
 
 
 def _acl(principal: str, binding: Binding) -> Any:

@@ -21,6 +21,7 @@ from enum import StrEnum
 class DlqStage(StrEnum):
     """Which stage dead-lettered a record (``dlq.stage``)."""
 
+    GENERATOR = "generator"
     STREAM = "stream"
     SHARDS = "shards"
 
@@ -48,9 +49,11 @@ class DlqKind(StrEnum):
     LOST = "lost"              # records deleted (retention, delete-records) before the stage read them
     COLLISION = "collision"    # a turn for an episode another generator already holds (same rollout key)
     UNFINISHED = "unfinished"  # a stored turn of an episode with no final turn when the run ended on its partition
+    FAILED_PROMPT = "failed_prompt"  # a prompt group given up after its deliveries (the engine or the plug-ins failed every time)
 
 
 KINDS_BY_STAGE: dict[DlqStage, tuple[DlqKind, ...]] = {
+    DlqStage.GENERATOR: (DlqKind.DECODE, DlqKind.FAILED_PROMPT),
     DlqStage.STREAM: (DlqKind.KEY, DlqKind.HEADERS, DlqKind.DECODE, DlqKind.VALIDATION, DlqKind.FINISHED,
                       DlqKind.GAP, DlqKind.STATE, DlqKind.MERGE, DlqKind.ABANDONED, DlqKind.PARTITION,
                       DlqKind.CONTROL, DlqKind.TOO_LARGE, DlqKind.LOST, DlqKind.COLLISION,

@@ -24,6 +24,10 @@ HEADER_SENT_AT = "sent_at"
 # Optional: which generator made the turn, stable across its restarts (WIRE.md section 4.2); the stream worker
 # refuses a turn whose episode another generator already holds (dlq.kind ``collision``).
 HEADER_GENERATOR = "generator"
+# Optional: the delivery of the prompt group the turn was made for (1, 2, ...: its ``claimed`` events on
+# rollout.prompt_ledger; WIRE.md section 4.2). A higher delivery takes an episode over from a generator that died;
+# a lower one is a zombie's late turn, fenced. Absent (0) for a generator that plans its own groups.
+HEADER_DELIVERY = "delivery"
 GENERATOR_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 SCHEMA_VERSION = "1"
 # Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).
@@ -55,6 +59,7 @@ class TurnHeaders:
     sent_at_ms: int
     schema: str = SCHEMA_VERSION
     generator: str | None = None
+    delivery: int = 0
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
         headers = [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
@@ -62,6 +67,8 @@ class TurnHeaders:
                    (HEADER_SCHEMA, self.schema.encode()), (HEADER_SENT_AT, str(self.sent_at_ms).encode())]
         if self.generator is not None:
             headers.append((HEADER_GENERATOR, check_generator_id(self.generator).encode()))
+        if self.delivery:
+            headers.append((HEADER_DELIVERY, str(self.delivery).encode()))
         return headers
 
     @classmethod
@@ -92,7 +99,7 @@ class TurnHeaders:
             generator = check_generator_id(bytes(generator).decode("ascii", "replace"))
         return cls(turn=integer(HEADER_TURN, 0), attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
                    group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema,
-                   generator=generator)
+                   generator=generator, delivery=integer(HEADER_DELIVERY, 1) if HEADER_DELIVERY in found else 0)
 
 
 def check_generator_id(generator: str) -> str:

@@ -56,6 +56,8 @@ METRICS_TOPIC = "rollout.metrics"
 SHARDS_TOPIC = "rollout.shards"
 DLQ_TOPIC = "rollout.dlq"
 WEIGHTS_TOPIC = "rollout.weights"
+PROMPTS_TOPIC = "rollout.prompts"
+PROMPT_LEDGER_TOPIC = "rollout.prompt_ledger"
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Topics:
     prefix: str = ""
     turns_partitions: int = 4
     episodes_partitions: int = 4
+    prompts_partitions: int = 4
 
     def __post_init__(self) -> None:
         check_prefix(self.prefix)
@@ -97,6 +100,14 @@ class Topics:
     def weights(self) -> str:
         return self.prefix + WEIGHTS_TOPIC
 
+    @property
+    def prompts(self) -> str:
+        return self.prefix + PROMPTS_TOPIC
+
+    @property
+    def prompt_ledger(self) -> str:
+        return self.prefix + PROMPT_LEDGER_TOPIC
+
     def group(self, name: str) -> str:
         """A consumer group (or Faust app id, which also names the stream's changelog topic) scoped by
         the prefix like the topics, so runs with different prefixes share a cluster without sharing state."""
@@ -105,6 +116,12 @@ class Topics:
     def specs(self) -> list[TopicSpec]:
         """Every pipeline topic with its meaning, in data-flow order."""
         return [
+            TopicSpec(self.prompts, "JSON: one prompt group to generate (prompt_record.PromptGroup: id, group_index, "
+                      "input_ids, n_samples, label, metadata, sampling, adapter), loaded by `rollout-bus prompts load`",
+                      "the prompt group's id", self.prompts_partitions),
+            TopicSpec(self.prompt_ledger, "JSON: what became of each prompt group (prompt_record.LedgerEvent: "
+                      "claimed, done, failed) and each finished load (loaded)", "the prompt group's id (b'loaded')",
+                      self.prompts_partitions),
             TopicSpec(self.run, "JSON: the run's batching (groups_per_batch, batching, max_staleness, declared_by), "
                       "declared by the first stage to start; the first record is the run's (run_record.RunBatching)",
                       "b'batching'"),

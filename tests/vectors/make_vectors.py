@@ -1,4 +1,5 @@
-"""Golden wire vectors for rollout.turns: built from code here, checked against the files beside this one.
+"""Golden wire vectors for rollout.turns, rollout.prompts and rollout.prompt_ledger: built from code here, checked
+against the files beside this one.
 
 A client in another language tests itself against the files, not against this script: each vector
 is one record (exact key bytes, headers, value bytes) plus its decoded form in plain JSON, and
@@ -7,7 +8,8 @@ is one record (exact key bytes, headers, value bytes) plus its decoded form in p
 The samples are written out literally below, and encoded the way ``rollout_bus.producers.publisher.TurnPublisher``
 does (key ``rollout_key_of(sample)``, value ``encode_samples([sample],
 TURN_FIELDS)``, ``TurnHeaders(...).to_kafka()`` headers with a fixed ``sent_at``), so the files
-change only when the wire format does.
+change only when the wire format does. The prompt group and the ledger event are built with
+``rollout_bus.wire.prompt_record`` (``PromptGroup``, ``LedgerEvent``: key, headers, value) from literal fields.
 
     .venv/bin/python -m tests.vectors.make_vectors            # check: exit 1 with a diff summary if stale
     .venv/bin/python -m tests.vectors.make_vectors --write    # (re)write the files
@@ -31,7 +33,9 @@ from rollout_bus.model.sample import get_rollout_key
 from rollout_bus.wire.partitioning import murmur2, partition_for
 from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
 from rollout_bus.wire.episode_record import TURN_FIELDS
-from rollout_bus.wire.headers import TurnHeaders
+from rollout_bus.wire.headers import HEADER_SCHEMA, SCHEMA_VERSION, TurnHeaders
+from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup
+from rollout_bus.wire.topics import PROMPT_LEDGER_TOPIC, PROMPTS_TOPIC
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.wire.rollout_key import rollout_key_string
@@ -185,8 +189,43 @@ def end_of_run_vector() -> Vector:
     }, routing="every-partition")
 
 
+def prompt_group_vector() -> Vector:
+    """A prompt group as ``rollout-bus prompts load`` puts it on rollout.prompts: every field set."""
+    group = PromptGroup(
+        id="calc-00019", group_index=7, input_ids=[1, 8, 9, 4, 14, 6], n_samples=4, label="19",
+        metadata={"source": "Übungsblatt 3", "level": 1},
+        sampling={"max_new_tokens": 8, "temperature": 1.0, "top_k": 5},
+        adapter="math", text="^12+7?", tokenizer="rollout_bus.policy.vocab")
+    return Vector("07-prompt-group", group.key(), group.headers(), group.value(), {
+        "vector": "07-prompt-group", "topic": PROMPTS_TOPIC, "record": "prompt-group",
+        "description": "one prompt group to generate (n_samples episodes of group_index), every field set: the "
+                       "key is its id; header schema; compact JSON with sorted keys, non-ASCII \\u-escaped, "
+                       "a float (1.0) told from an int",
+        "key": group.id,
+        "headers": {name: raw.decode() for name, raw in group.headers()},
+        "value": json.loads(group.value()),
+    }, routing="key")
+
+
+def ledger_event_vector() -> Vector:
+    """A generator's ``claimed`` event for the prompt group above, its second delivery (a redelivery), with the
+    ``schema`` header the generators write (``rollout_bus.kafka.prompt_ledger.LedgerLog.write``)."""
+    event = LedgerEvent("claimed", "calc-00019", delivery=2, generator="g1of2-seed7")
+    headers = [(HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+    return Vector("08-ledger-claimed", event.key(), headers, event.value(), {
+        "vector": "08-ledger-claimed", "topic": PROMPT_LEDGER_TOPIC, "record": "ledger-event",
+        "description": "a prompt group's second delivery claimed by generator g1of2-seed7: keyed by the prompt "
+                       "group's id (the same partition as its record on rollout.prompts); header schema; every "
+                       "field present, the unused ones empty or 0",
+        "key": event.key().decode(),
+        "headers": {name: raw.decode() for name, raw in headers},
+        "value": json.loads(event.value()),
+    }, routing="key")
+
+
 def build_vectors() -> list[Vector]:
-    return [turn_vector(*spec) for spec in _samples()] + [end_of_run_vector()]
+    return ([turn_vector(*spec) for spec in _samples()] + [end_of_run_vector(), prompt_group_vector(),
+                                                           ledger_event_vector()])
 
 
 # ----------------------------------------------------------------------------- the files

@@ -30,6 +30,18 @@ def test_one_role_goes_to_the_named_principal_only():
     assert printed and all(line.startswith("User:run7-trainer ALLOW ") for line in printed)
 
 
+def test_the_generator_role_prints_its_prompt_bindings_on_the_prefix():
+    done = _dry("--role", "generator", "--principal", "gen", "--topic-prefix", "run7.")
+    assert done.exit_code == 0, done.output
+    printed = set(done.stdout.splitlines())
+    assert {"User:gen ALLOW READ TOPIC literal 'run7.rollout.prompts'",
+            "User:gen ALLOW WRITE TOPIC literal 'run7.rollout.prompts'",
+            "User:gen ALLOW READ TOPIC literal 'run7.rollout.prompt_ledger'",
+            "User:gen ALLOW WRITE TOPIC literal 'run7.rollout.prompt_ledger'",
+            "User:gen ALLOW READ GROUP literal 'run7.rollout-bus-generators'",
+            "User:gen ALLOW DESCRIBE GROUP literal 'run7.rollout-bus-generators'"} <= printed
+
+
 def test_a_missing_or_contradicting_principal_is_one_line_naming_it():
     alone = _dry("--role", "trainer")
     assert alone.exit_code == 1 and "--role trainer needs --principal" in alone.output

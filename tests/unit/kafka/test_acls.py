@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollout_bus.errors import ConfigError
-from rollout_bus.kafka.acls import ROLES, Binding, role_bindings
+from rollout_bus.kafka.acls import GENERATORS_GROUP, ROLES, Binding, role_bindings
 from rollout_bus.wire.topics import Topics
 
 RUN = Topics("runA.")
@@ -25,9 +25,31 @@ def test_the_generator_writes_turns_and_reads_weights_but_cannot_write_weights_o
 
 def test_only_the_trainer_writes_weights_and_only_the_shard_writer_writes_shards():
     writers = {topic: {role for role in ROLES if ("WRITE", "TOPIC", topic) in allowed(role)}
-               for topic in (RUN.weights, RUN.shards, RUN.episodes, RUN.turns)}
+               for topic in (RUN.weights, RUN.shards, RUN.episodes, RUN.turns, RUN.prompts, RUN.prompt_ledger)}
     assert writers == {RUN.weights: {"trainer"}, RUN.shards: {"shards"}, RUN.episodes: {"stream"},
-                       RUN.turns: {"generator", "stream"}}
+                       RUN.turns: {"generator", "stream"}, RUN.prompts: {"generator"},
+                       RUN.prompt_ledger: {"generator"}}
+
+
+def test_the_generator_takes_prompt_groups_in_its_group_keeps_the_ledger_and_may_load_prompts():
+    found = allowed("generator")
+    assert {("READ", "TOPIC", RUN.prompts), ("WRITE", "TOPIC", RUN.prompts),  # WRITE: `prompts load`
+            ("READ", "TOPIC", RUN.prompt_ledger), ("WRITE", "TOPIC", RUN.prompt_ledger),
+            ("READ", "GROUP", "runA.rollout-bus-generators"),
+            ("DESCRIBE", "GROUP", "runA.rollout-bus-generators")} <= found
+    assert RUN.group(GENERATORS_GROUP) == "runA.rollout-bus-generators"
+    named = role_bindings("generator", "g", RUN, generators_group="fleet")
+    assert Binding("GROUP", "LITERAL", "runA.fleet", "READ") in named
+    assert not [b for b in named if b.name == "runA.rollout-bus-generators"]
+
+
+def test_no_other_stage_reads_the_prompts_or_the_ledger():
+    readers = {topic: {role for role in ROLES if ("READ", "TOPIC", topic) in allowed(role)}
+               for topic in (RUN.prompts, RUN.prompt_ledger)}
+    assert readers == {RUN.prompts: {"generator"}, RUN.prompt_ledger: {"generator"}}  # the observer: by prefix
+    observer = role_bindings("observer", "o", RUN)
+    assert Binding("TOPIC", "PREFIXED", "runA.rollout.", "READ") in observer
+    assert Binding("GROUP", "PREFIXED", "runA.rollout-bus-", "DESCRIBE") in observer  # the generators' lag too
 
 
 def test_the_observer_writes_nothing_and_reads_only_its_prefix():

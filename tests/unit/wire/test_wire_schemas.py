@@ -45,6 +45,7 @@ from rollout_bus.wire.flow_metrics import flow_metrics_record, generator_flow
 from rollout_bus.wire.metrics_records import batch_metrics_record
 from rollout_bus.wire.shard_announcement import ShardAnnouncement, announcement_value
 from rollout_bus.wire.weight_version import WeightVersion
+from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
@@ -296,6 +297,11 @@ def test_every_golden_vector_matches_the_schemas(name):
         assert key == b"end-of-run"
         validate("end_of_run", json.loads(value))
         return
+    record = json.loads((VECTORS / f"{name}.decoded.json").read_text())["record"]
+    if record in ("prompt-group", "ledger-event"):  # WIRE.md section 15
+        assert headers == {"schema": "1"}
+        validate(record.replace("-", "_"), json.loads(value))
+        return
     validate("rollout_key", key.decode("ascii"))
     validate("turn_headers", headers)
     validate("samples_meta", samples_meta(value))
@@ -313,6 +319,18 @@ def test_a_minimal_sample_with_nulls_a_nan_reward_and_unicode_matches_the_schema
     key = rollout_key_of(sample)
     assert key == '["m\\u00e4th",0,"sample",0,3]'
     validate("rollout_key", key)
+
+
+def test_turn_headers_with_a_delivery_match_the_schema_and_a_delivery_of_0_is_refused_by_both():
+    """WIRE.md 4.2: ``delivery`` is optional, ASCII decimal >= 1 (absent for generators that plan their groups)."""
+    headers = TurnHeaders(0, 0, False, 4, SENT_AT_MS, generator="g0of2-seed1", delivery=2).to_kafka()
+    assert headers[-1] == ("delivery", b"2")
+    validate("turn_headers", header_object(headers))
+    assert "delivery" not in header_object(TurnHeaders(0, 0, False, 4, SENT_AT_MS).to_kafka())
+    zero = headers[:-1] + [("delivery", b"0")]
+    assert problems("turn_headers", header_object(zero))
+    with pytest.raises(ContractError):
+        TurnHeaders.from_kafka(zero)
 
 
 def test_a_re_routed_copy_keeps_its_headers_and_adds_rerouted_from():
@@ -542,6 +560,9 @@ def valid_documents(offline) -> dict[str, Any]:
         "run_batching": json.loads(ShardSettings().run_batching("shard writer@host:12").value()),
         "flow_metrics": json.loads(flow_metrics_record("generator", "g0of1-seed7", generator_flow(1.5, 2, 10.0),
                                                        elapsed_s=10.0, final=False)),
+        "prompt_group": json.loads(PromptGroup("p-1", 3, [5, 6], 4, label={"answer": 2}, sampling={"top_p": 0.9},
+                                               adapter="math").value()),
+        "ledger_event": json.loads(LedgerEvent("failed", "p-1", 3, "g0of1-seed7", reason="3 deliveries").value()),
     }
 
 
@@ -600,6 +621,16 @@ BROKEN = [
     ("flow_metrics", lambda d: _without(d, "source"), "$"),
     ("flow_metrics", lambda d: d | {"stage": "stream"}, "$.stage"),
     ("flow_metrics", lambda d: _nested(d, ["metrics", "rollout/episode_raw_reward"], 0.5), "$.metrics"),
+    ("prompt_group", lambda d: _without(d, "input_ids"), "$"),
+    ("prompt_group", lambda d: d | {"input_ids": []}, "$.input_ids"),
+    ("prompt_group", lambda d: d | {"n_samples": 0}, "$.n_samples"),
+    ("prompt_group", lambda d: d | {"prompt": "x"}, "$"),
+    ("prompt_group", lambda d: _nested(d, ["sampling", "beam"], 2), "$.sampling"),
+    ("ledger_event", lambda d: _without(d, "delivery"), "$"),
+    ("ledger_event", lambda d: d | {"event": "started"}, "$.event"),
+    ("ledger_event", lambda d: d | {"event": "loaded"}, "$.prompt"),
+    ("ledger_event", lambda d: d | {"event": "claimed", "delivery": 0}, "$.delivery"),
+    ("turn_headers", lambda d: d | {"delivery": "0"}, "$.delivery"),
 ]
 
 
