@@ -10,8 +10,8 @@ from __future__ import annotations
 import typer
 
 from rollout_bus.cli import options
-from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, publish_from_engine, replay,
-                             report, shards, stream, tail, topics, train)
+from rollout_bus.cli import (acl, demo, end_run, exporter, generate, inspect, kafka, prompts, publish_from_engine,
+                             replay, report, shards, stream, tail, topics, train)
 
 app = typer.Typer(
     name="rollout-bus",
@@ -23,6 +23,7 @@ app = typer.Typer(
 app.add_typer(kafka.app, name="kafka")
 app.add_typer(topics.app, name="topics")
 app.add_typer(acl.app, name="acl")
+app.add_typer(prompts.app, name="prompts")
 app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("end-run")(end_run.end_run)
