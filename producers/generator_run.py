@@ -19,6 +19,8 @@ Contract:
   waits) on rollout.metrics as it goes and once more, final, at the end. It returns the
   ``GenerateSummary`` and the seconds since it began; the watcher and the flow reporter are closed
   whatever happens.
+* ``run_prompt_generator(client_kwargs, topics, options, member, make_turns, hooks=...)``: the same around one
+  member of the generators' group on rollout.prompts (``prompt_member.run_member``), stopped by ``hooks.stop``.
 * ``GeneratorHooks`` is what the caller is told (each optional): ``progress`` after every turn and once at
   the end, ``broker_wait`` and ``gate_wait`` while the publisher waits for the broker or the gate for the
   trainer (``None`` once it is over), ``following(live)`` when it starts following the weights; ``stop()``
@@ -36,6 +38,7 @@ from rollout_bus.kafka.admin import ensure_topics, wait_for_cluster
 from rollout_bus.kafka.flow_reporter import FlowReporter
 from rollout_bus.kafka.run_record import check_run_batching, declared_by
 from rollout_bus.producers.broker_wait import WaitFn
+from rollout_bus.producers.prompt_member import MakeTurns, MemberOptions, MemberSummary, run_member
 from rollout_bus.producers.publisher import TurnPublisher
 from rollout_bus.producers.run import GenerateSummary, ProgressFn
 from rollout_bus.producers.staleness_gate import GateWaitFn, StalenessGate
@@ -111,6 +114,27 @@ def run_generator(client_kwargs: Mapping[str, Any], topics: Topics, options: Gen
         flow.close()
         if watcher is not None:
             watcher.close()
+    return summary, time.monotonic() - began
+
+
+def run_prompt_generator(client_kwargs: Mapping[str, Any], topics: Topics, options: GeneratorOptions,
+                         member: MemberOptions, make_turns: MakeTurns, *, hooks: GeneratorHooks = GeneratorHooks(),
+                         on_prompt_group: Callable[[MemberSummary], None] | None = None) -> tuple[MemberSummary, float]:
+    """One member of the generators' group on rollout.prompts (``rollout_bus.producers.prompt_member``), with the
+    publisher and the flow records every generator has; (summary, seconds)."""
+    kwargs = dict(client_kwargs)
+    began = time.monotonic()
+    flow = FlowReporter(kwargs, topics, STAGE_GENERATOR, options.generator_id)
+    try:
+        bootstrap = kwargs.pop("bootstrap_servers")
+        with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=options.max_record_bytes,
+                           delivery_timeout_s=options.delivery_timeout_s, on_wait=hooks.broker_wait,
+                           generator=options.generator_id, **kwargs) as publisher:
+            summary = run_member(client_kwargs, topics, member, make_turns, publisher,
+                                 stop=hooks.stop or (lambda: False), progress=on_prompt_group)
+        flow.report(generator_flow(0.0, 0, flow.elapsed_s), final=True)
+    finally:
+        flow.close()
     return summary, time.monotonic() - began
 
 

@@ -95,6 +95,7 @@ class TurnPublisher:
         self.topic = topic
         self.generator = check_generator_id(generator) if generator is not None else None
         self.max_record_bytes = max_record_bytes
+        self.delivery_timeout_s = delivery_timeout_s
         self.records_sent = 0
         self.bytes_sent = 0
         self._failures: list[BaseException] = []
@@ -111,8 +112,10 @@ class TurnPublisher:
         logger.info("publisher ready topic=%s compression=%s max_record_bytes=%d delivery_timeout_s=%.0f", topic,
                     config["compression_type"], max_record_bytes, config["delivery_timeout_ms"] / 1000)
 
-    def publish_turn(self, sample: Sample, *, turn: int, final: bool, attempt: int = 0, group_size: int):
-        """Send one turn; returns kafka-python's future (``.get()`` gives the record metadata)."""
+    def publish_turn(self, sample: Sample, *, turn: int, final: bool, attempt: int = 0, group_size: int,
+                     delivery: int = 0):
+        """Send one turn; returns kafka-python's future (``.get()`` gives the record metadata). ``delivery``: the
+        prompt group's delivery, for a turn made from rollout.prompts (0: no ``delivery`` header)."""
         key = self._checked_key(sample, turn)
         try:
             value = encode_samples([sample], TURN_FIELDS)
@@ -123,7 +126,7 @@ class TurnPublisher:
                                 f"{len(value)} bytes, over max_record_bytes={self.max_record_bytes} "
                                 "(ROLLOUT_BUS_MAX_RECORD_BYTES)")
         headers = TurnHeaders(turn=turn, attempt=attempt, final=bool(final), group_size=group_size,
-                              sent_at_ms=time.time_ns() // 1_000_000, generator=self.generator)
+                              sent_at_ms=time.time_ns() // 1_000_000, generator=self.generator, delivery=delivery)
         return self.send_raw(key, value, headers.to_kafka())
 
     def send_raw(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]):

@@ -7,6 +7,8 @@ client in the project takes, so security settings pass through to all of them.
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -151,7 +153,16 @@ class GenerateSettings(BatchingSettings):
     interrupt_prob: float = Field(0.0, ge=0, le=1)
     # who samples: "sim", the seeded stand-in with every knob above; "policy", the real policy
     # (rollout_bus.learn: calculator episodes, the trainer's weights; the episode-shape knobs do not apply)
-    engine: Literal["sim", "policy"] = "sim"
+    # "http" (with ``from_prompts``): a real engine, SGLang's native /generate at ``engine_url`` with
+    # return_sampling_mask; ``engine_timeout_s`` per call
+    engine: Literal["sim", "policy", "http"] = "sim"
+    engine_url: str = ""
+    engine_timeout_s: float = Field(120.0, gt=0)
+    # the prompt-fed generator's plug-ins (rollout_bus.producers.plugins), "module:attr": ``env_factory`` makes
+    # multi-turn episodes (--engine http), ``reward_fn`` scores finished ones (a dict answer: its ``reward_key``)
+    env_factory: str = ""
+    reward_fn: str = ""
+    reward_key: str = Field("reward", min_length=1)
     # the policy engine following the trainer: how long after a published version's checkpoint is refused
     # (missing, or failing its sha256) it waits, with no verified weights, for a newer one before it exits
     # (rollout_bus.errors.EXIT_NO_USABLE_WEIGHTS); 0: for ever. A generator with verified weights goes on.
@@ -161,11 +172,21 @@ class GenerateSettings(BatchingSettings):
     # so no two generators make the same group, and step batch k still holds the run's groups [k*G, (k+1)*G)
     generators: int = Field(1, ge=1)
     generator_index: int = Field(0, ge=0)
+    # one member of the elastic group taking prompt groups from rollout.prompts (``rollout-bus prompts load``)
+    # instead of planning its own: ``concurrency`` prompt groups in flight at once, each delivered at most
+    # ``max_deliveries`` times before it is failed; ``turn_latency_ms``: the sim engine's time per engine call
+    from_prompts: bool = False
+    concurrency: int = Field(4, ge=1, le=256)
+    max_deliveries: int = Field(3, ge=1)
+    turn_latency_ms: float = Field(0.0, ge=0)
+    member_id: str = ""  # the member's ``generator`` header (default: host and pid, one per process)
 
     @model_validator(mode="after")
     def _generator_in_range(self) -> "GenerateSettings":
         if self.generator_index >= self.generators:
             raise ValueError(f"generator_index must be < generators={self.generators} (got {self.generator_index})")
+        if self.engine == "http" and not self.from_prompts:
+            raise ValueError("engine 'http' makes episodes from prompt groups: give --from-prompts")
         return self
 
     def group_plan(self) -> dict[str, Any]:
@@ -177,7 +198,21 @@ class GenerateSettings(BatchingSettings):
     def generator_id(self) -> str:
         """The ``generator`` header of its turns (WIRE.md 4.2): the same for a restart of this generator (same
         place among the run's generators, same seed), another for any generator that would make other episodes."""
+        if self.from_prompts:  # a member of the group: one per process, whatever prompt groups it takes
+            return self.member_id or f"m-{socket.gethostname()[:64]}-{os.getpid()}"
         return f"g{self.generator_index}of{self.generators}-seed{self.seed}"
+
+
+class PromptLoadSettings(_Settings):
+    """Loading a user's prompt file (`rollout-bus prompts load FILE`): which fields hold the prompt and the label
+    (as miles' --input-key/--label-key), the local tokenizer directory that turns text and chat messages into
+    token ids, and what a line without its own ``n_samples`` or ``adapter`` gets."""
+
+    prompt_key: str = Field("prompt", min_length=1)
+    label_key: str = Field("label", min_length=1)
+    tokenizer: Path | None = None
+    n_samples: int = Field(4, ge=1)  # as generate's n_samples_per_prompt
+    adapter: str | None = Field(None, min_length=1)
 
 
 class StreamSettings(_Settings):

@@ -2,8 +2,9 @@
 
 ``FixtureEngine()`` (a context manager) serves ``/generate`` and ``/v1/chat/completions`` on 127.0.0.1 with a
 free port (``url``): a request without ``return_sampling_mask`` or whose sampling params truncate nothing gets
-SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer);
-anything else gets the fixture (``generate_mask_only`` / ``chat_completion``). ``requests`` keeps every body.
+SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer), and
+so does each of the next ``count`` requests after ``die_next(count)``; anything else gets the fixture
+(``generate_mask_only`` / ``chat_completion``). ``requests`` keeps every body.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body))
-        if body.get("input_ids") == DIE:
+        if body.get("input_ids") == DIE or self.server.take_death():
             self.close_connection = True
             self.connection.shutdown(2)  # dies mid-request: no status line, no body
             return
@@ -53,6 +54,16 @@ class FixtureEngine:
     def __init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.requests, self.server.answers = [], {}
+        self.server.deaths, deaths_lock = [0], threading.Lock()
+
+        def take_death() -> bool:
+            with deaths_lock:
+                if self.server.deaths[0] > 0:
+                    self.server.deaths[0] -= 1
+                    return True
+                return False
+
+        self.server.take_death = take_death
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -63,6 +74,10 @@ class FixtureEngine:
     def answer(self, path: str, doc: dict) -> None:
         """Answer ``path`` with ``doc`` from now on."""
         self.server.answers[path] = doc
+
+    def die_next(self, count: int = 1) -> None:
+        """The next ``count`` requests die mid-request (the connection closed, no answer)."""
+        self.server.deaths[0] = count
 
     def __enter__(self) -> "FixtureEngine":
         self._thread.start()

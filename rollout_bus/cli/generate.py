@@ -50,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollout_bus.cli import options
+from rollout_bus.cli.generate_prompts import ENGINE_URL, ENV, REWARD_FN, REWARD_KEY
 from rollout_bus.config import GenerateSettings, KafkaSettings
 from rollout_bus.errors import EXIT_NO_USABLE_WEIGHTS, ConfigError, NoUsableWeights, RolloutBusError, Stopped
 from rollout_bus.consumers.feed.weights import WeightWatcher
@@ -247,9 +248,9 @@ GENERATORS = typer.Option(None, "--generators", min=1,
 GENERATOR_INDEX = typer.Option(None, "--generator-index", min=0,
                                help="This generator's place among --generators (0-based): it makes the groups g with "
                                     "g mod generators == index.")
-ENGINE = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default) or 'policy' (the "
+ENGINE = typer.Option(None, "--engine", help="Who samples: 'sim' (the seeded stand-in, default), 'policy' (the "
                       "real policy on the calculator task, following the trainer's weights when --follow-weights or "
-                      "--max-staleness is given).")
+                      "--max-staleness is given) or 'http' (--from-prompts: an SGLang server at --engine-url).")
 WEIGHTS_WAIT_S = typer.Option(None, "--weights-wait-s", min=0.0,
                               help="--engine policy following the trainer: seconds to wait, after a published "
                                    "version's checkpoint was refused (missing, or failing its sha256) and with no "
@@ -257,6 +258,17 @@ WEIGHTS_WAIT_S = typer.Option(None, "--weights-wait-s", min=0.0,
                                    f"{EXIT_NO_USABLE_WEIGHTS} (default 120; 0: for ever). A generator with "
                                    "verified weights goes on with them.")
 SUMMARY_OUT = typer.Option(None, "--summary-out", help="Write the run summary here as JSON.")
+FROM_PROMPTS = typer.Option(False, "--from-prompts", help="Join the elastic generator group: take prompt groups from "
+                            "rollout.prompts (`rollout-bus prompts load`) until every loaded one is done or failed, "
+                            "then close the run. Start more members at any time; a stopped or killed one's prompt "
+                            "groups are taken by the others.")
+CONCURRENCY = typer.Option(None, "--concurrency", min=1, help="--from-prompts: prompt groups in flight at once "
+                           "(default 4).")
+MAX_DELIVERIES = typer.Option(None, "--max-deliveries", min=1, help="--from-prompts: deliveries of a prompt group "
+                              "before it is failed and dead-lettered (default 3).")
+TURN_LATENCY_MS = typer.Option(None, "--turn-latency-ms", min=0.0, help="--engine sim: the least time one engine "
+                               "call takes, as a real engine's would (default 0).")
+MEMBER_ID = typer.Option(None, "--member-id", help="--from-prompts: this member's generator id (default: host-pid).")
 
 
 def generate(
@@ -274,6 +286,10 @@ def generate(
     batching: str | None = options.BATCHING, interrupt_prob: float | None = INTERRUPT_PROB,
     generators: int | None = GENERATORS, generator_index: int | None = GENERATOR_INDEX, engine: str | None = ENGINE,
     weights_wait_s: float | None = WEIGHTS_WAIT_S, summary_out: Path | None = SUMMARY_OUT,
+    from_prompts: bool = FROM_PROMPTS, concurrency: int | None = CONCURRENCY,
+    max_deliveries: int | None = MAX_DELIVERIES, turn_latency_ms: float | None = TURN_LATENCY_MS,
+    member_id: str | None = MEMBER_ID, engine_url: str | None = ENGINE_URL, env: str | None = ENV,
+    reward_fn: str | None = REWARD_FN, reward_key: str | None = REWARD_KEY,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
     """Generate seeded multi-turn rollouts and publish every turn to rollout.turns."""
@@ -288,8 +304,17 @@ def generate(
         run_id=run_id, end_of_run=end_of_run, delivery_timeout_s=delivery_timeout,
         follow_weights=follow_weights or None, max_staleness=max_staleness, groups_per_batch=groups_per_batch,
         batching=batching, interrupt_prob=interrupt_prob, engine=engine, generators=generators,
-        generator_index=generator_index, weights_wait_s=weights_wait_s)
+        generator_index=generator_index, weights_wait_s=weights_wait_s, from_prompts=from_prompts or None,
+        concurrency=concurrency, max_deliveries=max_deliveries, turn_latency_ms=turn_latency_ms, member_id=member_id,
+        engine_url=engine_url, env_factory=env, reward_fn=reward_fn, reward_key=reward_key)
     _check_summary_out(summary_out)
+    if settings.from_prompts:
+        from rollout_bus.cli.generate_prompts import run_from_prompts
+
+        console.print(f"generator member {settings.generator_id()} <- {kafka.topics().prompts}, -> "
+                      f"{kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
+        run_from_prompts(settings, kafka, StopSignals(), summary_out)
+        return
     console.print(f"generator -> {kafka.topics().turns} at {kafka.client_kwargs()['bootstrap_servers']}")
     summary, seconds = _generate(settings, kafka)
     _report(summary, seconds, summary_out)

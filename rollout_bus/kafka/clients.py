@@ -24,9 +24,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.codec import has_lz4
-from kafka.errors import KafkaError, TopicAuthorizationFailedError
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import KafkaError, RebalanceInProgressError, TopicAuthorizationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from rollout_bus.errors import BrokerError, MissingTopicError
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
 
     from rollout_bus.config import KafkaSettings
 
-__all__ = ["KafkaAdminClient", "KafkaConsumer", "KafkaError", "KafkaProducer", "OffsetAndMetadata",
-           "TopicPartition", "connection", "faust_brokers", "faust_credentials", "group_less_consumer",
-           "has_lz4", "new_admin", "new_aio_consumer", "new_consumer", "new_producer", "wait_for_partitions"]
+__all__ = ["ConsumerRebalanceListener", "CooperativeStickyAssignor", "KafkaAdminClient", "KafkaConsumer",
+           "KafkaError", "KafkaProducer", "OffsetAndMetadata", "RebalanceInProgressError", "TopicPartition",
+           "connection", "faust_brokers", "faust_credentials", "group_less_consumer", "has_lz4", "new_admin",
+           "new_aio_consumer", "new_consumer", "new_producer", "wait_for_partitions"]
 
 PARTITIONS_WAIT_S = 30.0  # how long a topic may take to show partitions after it was created
 

@@ -58,7 +58,8 @@ _ENGINE_STREAM = 1 << 28
 _INTERRUPT_STREAM = 1 << 27
 
 
-def _check(settings: GenerateSettings) -> SamplingParams:
+def sampling_params(settings: GenerateSettings) -> SamplingParams:
+    """The sampling parameters of the settings, once their response lengths are checked."""
     if settings.min_response_len > settings.max_response_len:
         raise ConfigError(must_be("min_response_len", f"<= max_response_len={settings.max_response_len}",
                                   settings.min_response_len))
@@ -105,7 +106,7 @@ def _group_episodes(settings: GenerateSettings, group: GroupSpec, env: ToolEnvir
 def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) -> Iterator[tuple[Sample, dict]]:
     """Every turn of every episode, in publishing order, as ``(sample, publish_turn kwargs)``; with a
     ``gate``, each group starts once the gate admits it and engine calls carry the live version."""
-    params = _check(settings)
+    params = sampling_params(settings)
     faults = FaultPlan(settings, parse_adapters(settings.adapters)[0])
     with torch_threads(settings.torch_threads):
         policy = Policy(settings.vocab_size, settings.seed, dim=settings.policy_dim)
@@ -115,15 +116,26 @@ def iter_turns(settings: GenerateSettings, gate: StalenessGate | None = None) ->
                 gate.admit(group.group_index)
             started: list[int] = [settings.policy_version]  # the live version when the round began
             episodes = _group_episodes(settings, group, env, faults, gate, lambda: started[0])
-            round_, shifts = 0, _TurnShifts()
-            while live := [e for e in episodes if not e.done]:
-                drafts = [e.begin_turn() for e in live]
-                before = started[0] = gate.current() if gate is not None else settings.policy_version
-                _run_engine(policy, params, drafts, _engine_generator(settings, group, round_))
-                after = gate.current() if gate is not None else before  # new weights live by the round's end?
-                for episode, draft in zip(live, drafts):
-                    yield from shifts.emit(settings, episode, *episode.end_turn(draft), before, after)
-                round_ += 1
+            yield from group_turns(settings, group, episodes, policy, params, gate, started)
+
+
+def group_turns(settings: GenerateSettings, group: GroupSpec, episodes: list[Episode], policy: Policy,
+                params: SamplingParams, gate: StalenessGate | None, started: list[int],
+                engine_call: Callable[[], None] | None = None) -> Iterator[tuple[Sample, dict]]:
+    """One prompt group's turns, round by round: every live episode advances one turn per round, sampled in one
+    batched engine call (``engine_call()``, when given, runs once per round: a real engine's latency, a stop);
+    ``started[0]`` is set to the live version each round begins under."""
+    round_, shifts = 0, _TurnShifts()
+    while live := [e for e in episodes if not e.done]:
+        drafts = [e.begin_turn() for e in live]
+        before = started[0] = gate.current() if gate is not None else settings.policy_version
+        _run_engine(policy, params, drafts, _engine_generator(settings, group, round_))
+        if engine_call is not None:
+            engine_call()
+        after = gate.current() if gate is not None else before  # new weights live by the round's end?
+        for episode, draft in zip(live, drafts):
+            yield from shifts.emit(settings, episode, *episode.end_turn(draft), before, after)
+        round_ += 1
 
 
 class _TurnShifts:

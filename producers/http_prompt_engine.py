@@ -1,0 +1,117 @@
+"""A real inference engine behind the prompt-fed generator: SGLang's native ``/generate`` with its supports.
+
+Why: ``rollout-bus generate --from-prompts --engine http`` makes a prompt group's episodes on a real model. The
+request rules (``engine_request``: only what the trainer can replay), the client (``engine_client``) and the
+answer's reader (``engine_adapter``) are the ones ``publish-from-engine`` uses; here they are driven per prompt
+group, with the user's environment and reward (``plugins``) for multi-turn episodes.
+
+Contract:
+
+* ``HttpPromptEngine(engine_url, *, sampling=None, env_factory=None, reward_fn=None, reward_key="reward",
+  max_turns=3, timeout_s=120, adapter_slots=None)``; ``turns(prompt)`` yields ``(sample, publish_turn kwargs)``
+  for the ``n_samples`` episodes of ``prompt``, one after another (episode j's turns, then j + 1's): group
+  ``prompt.group_index``, index and rollout id ``group_index * n_samples + j``, attempt 0, ``group_size``
+  ``n_samples``; every turn carries ``metadata["prompt_id"]`` over the prompt's metadata, the label when it is a
+  string (another label in ``metadata["label"]``), ``prompt.text`` as its prompt, and the adapter
+  (``AdapterRef(name, adapter_slots.get(name, 0))``; the request asks SGLang for it as ``lora_path``).
+* Sampling: ``sampling`` (the generator's defaults), then the prompt's own ``sampling`` over them; checked by
+  ``engine_request`` before any call: a refusal (``ConfigError``) fails the delivery, nothing sent.
+* Turn 0 is one ``/generate`` call on ``prompt.input_ids``; the answer becomes the turn sample (context, then the
+  output with its supports and log-probs; every check of ``engine_adapter``). With an environment
+  (``plugins.EnvPlugin``), after each turn ``env.step(episode so far)`` gives the observation to force: turn
+  t+1's context is turn t's tokens and the observation (the merged episode records it as forced tokens with
+  singleton supports), until it answers None, ``max_turns`` turns were made, or a turn did not complete
+  (truncated: it is the final one). Without one an episode is one turn.
+* The final turn carries the reward: ``reward_fn(merged episode)`` when given (``plugins.RewardPlugin``);
+  else none (None: the trainer leaves it out of its reward statistics). Never a made-up number.
+* Failures raise, so the member fails that delivery (delivered again, then dead-lettered with the reason): the
+  engine's error or silence (``EngineError``), an answer that breaks the contract (``ContractError``), an
+  aborted call (``EngineError``: its turn cannot be continued here), an environment or reward function that
+  raises or answers outside its protocol (``PluginFailed``, naming the plug-in and the episode).
+  Thread-safe: each call opens its own connection; episodes share nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from rollout_bus.errors import EngineError
+from rollout_bus.model.sample import AdapterRef, Sample, Status
+from rollout_bus.model.turns import merge_samples
+from rollout_bus.producers.engine_adapter import turn_from_engine_response
+from rollout_bus.producers.engine_client import EngineClient
+from rollout_bus.producers.engine_request import check_sampling_params, generate_request
+from rollout_bus.producers.plugins import DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name
+from rollout_bus.wire.prompt_record import PromptGroup
+
+DEFAULT_MAX_TURNS = 3
+
+
+def merged_episode(turns: list[Sample]) -> Sample:
+    """The episode so far as one sample (the turns merged; a copy, so a plug-in cannot change what is sent)."""
+    return copy.deepcopy(merge_samples(turns)[-1])
+
+
+class HttpPromptEngine:
+    """Prompt groups made on an SGLang server or router (see the module docstring)."""
+
+    def __init__(self, engine_url: str, *, sampling: Mapping[str, Any] | None = None,
+                 env_factory: EnvPlugin | Callable[[PromptGroup, int], Any] | None = None,
+                 reward_fn: RewardPlugin | Callable[[Sample], Any] | None = None,
+                 reward_key: str = DEFAULT_REWARD_KEY, max_turns: int = DEFAULT_MAX_TURNS, timeout_s: float = 120.0,
+                 adapter_slots: Mapping[str, int] | None = None) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 (got {max_turns})")
+        self.client = EngineClient(engine_url, timeout_s=timeout_s)
+        self.sampling = dict(sampling or {})
+        self.env = EnvPlugin.of(env_factory) if env_factory is not None else None
+        self.reward = RewardPlugin.of(reward_fn, reward_key) if reward_fn is not None else None
+        self.max_turns = max_turns
+        self.adapter_slots = dict(adapter_slots or {})
+
+    def turns(self, prompt: PromptGroup) -> Iterator[tuple[Sample, dict]]:
+        params = {**self.sampling, **prompt.sampling}
+        check_sampling_params(params)  # a refusal fails the delivery before anything is sent
+        for j in range(prompt.n_samples):
+            yield from self._episode(prompt, j, params)
+
+    def _template(self, prompt: PromptGroup, j: int) -> Sample:
+        index = prompt.group_index * prompt.n_samples + j
+        metadata = {**prompt.metadata, "prompt_id": prompt.id}
+        if prompt.label is not None and not isinstance(prompt.label, str):
+            metadata["label"] = prompt.label
+        adapter = AdapterRef(prompt.adapter, self.adapter_slots.get(prompt.adapter, 0)) if prompt.adapter else None
+        return Sample(group_index=prompt.group_index, index=index, rollout_id=index, prompt=prompt.text or "",
+                      label=prompt.label if isinstance(prompt.label, str) else None, metadata=metadata,
+                      adapter=adapter)
+
+    def _call(self, context: list[int], params: Mapping[str, Any], prompt: PromptGroup) -> Any:
+        body = generate_request(context, params)
+        if prompt.adapter:
+            body["lora_path"] = prompt.adapter
+        return self.client.post("/generate", body)
+
+    def _episode(self, prompt: PromptGroup, j: int, params: Mapping[str, Any]) -> Iterator[tuple[Sample, dict]]:
+        episode = episode_name(prompt, j)
+        template = self._template(prompt, j)
+        env = self.env.open(prompt, j) if self.env is not None else None
+        context, turns = list(prompt.input_ids), []
+        for turn in range(self.max_turns):
+            response = self._call(context, params, prompt)
+            sample = turn_from_engine_response(response, context_tokens=context, template=template)
+            if sample.status is Status.ABORTED:
+                raise EngineError(f"{self.client.base_url}/generate aborted turn {turn} of {episode}: the episode "
+                                  "is made again")
+            turns.append(sample)
+            observation = None
+            if env is not None and turn + 1 < self.max_turns and sample.status is Status.COMPLETED:
+                observation = env.step(merged_episode(turns))
+            final = observation is None
+            if final and self.reward is not None:
+                self.reward.apply(sample, merged_episode(turns), episode)
+            yield sample, {"turn": turn, "attempt": 0, "final": final, "group_size": prompt.n_samples}
+            if final:
+                return
+            context = [int(t) for t in sample.tokens] + observation

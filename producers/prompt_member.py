@@ -1,0 +1,361 @@
+"""One member of the generators' group on rollout.prompts: take prompt groups, make their episodes, say so.
+
+Why a classic consumer group: it is what kafka-python speaks (share groups, KIP-932, have no Python client in
+the locked set), and its two guarantees are the ones needed: a partition has one member at a time, and a member
+that stops heartbeating (kill -9, SIGSTOP) loses its partitions after the session timeout, so another member
+resumes them from the committed offset. What a share group would add, the per-record delivery count, is kept in
+the log instead: rollout.prompt_ledger (``rollout_bus.kafka.prompt_ledger``). A slow member holds its
+partitions, not the others': with more partitions than members the work spreads.
+
+Contract:
+
+* ``run_member(conn, topics, options, make_turns, publisher, stop=...)`` subscribes to rollout.prompts in group
+  ``Topics.group(GENERATORS_GROUP)`` and runs up to ``options.concurrency`` prompt groups at once, each on a
+  worker thread: ``make_turns(prompt)`` yields ``(sample, publish_turn kwargs)`` and every turn is sent with the
+  prompt group's delivery in its ``delivery`` header.
+* Before a prompt group starts, the ledger is caught up: a group already ``done`` or ``failed`` is passed over;
+  one whose deliveries reached ``options.max_deliveries`` is ``failed`` (and dead-lettered, ``failed_prompt``,
+  with the prompt record and why); else a ``claimed`` event with the next delivery is acknowledged first. An
+  engine that raises makes the next delivery at once, until the limit.
+* A prompt group is over when every one of its turns is acknowledged: the member checks it still belongs to the
+  group (a commit of the offsets below it must succeed: a zombie back from SIGSTOP fails here and writes
+  nothing), writes ``done``, then commits past it. Offsets are committed per partition up to the first prompt
+  group still in flight, so whatever a dead member held is delivered again.
+* Partitions are assigned cooperatively (KIP-429: a member joining or leaving moves only the partitions that
+  change hands). A partition revoked or lost stops the groups in flight on it at their next turn: handed back,
+  never written done (a member that was out of the group, a zombie, finds out so, or by a refused commit).
+  ``stop()`` true (SIGTERM) gives what is in flight ``options.drain_s`` to finish, hands back the rest, and
+  leaves the group, so the others take its partitions at once.
+* Once the ledger says every loaded prompt group is done or failed (``PromptLedger.all_ended``) and nothing is
+  in flight here, the member closes the run (``publisher.publish_end_of_run(options.run_id)``: every member that
+  sees it sends the same run's markers, which the stages count once) and returns its ``MemberSummary``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_bus.errors import BrokerError, ContractError
+from rollout_bus.kafka.acls import GENERATORS_GROUP
+from rollout_bus.kafka.clients import (ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaError,
+                                       OffsetAndMetadata, RebalanceInProgressError, TopicPartition, new_consumer,
+                                       wait_for_partitions)
+from rollout_bus.kafka.prompt_ledger import LedgerLog
+from rollout_bus.model.sample import Sample
+from rollout_bus.wire.dead_letter import DeadLetter, DlqKind, DlqStage, source_of
+from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup
+from rollout_bus.wire.rollout_key import rollout_key_of
+from rollout_bus.wire.topics import Topics
+
+logger = logging.getLogger(__name__)
+
+MakeTurns = Callable[[PromptGroup], Iterator[tuple[Sample, dict]]]
+POLL_MS = 200
+IDLE_CHECK_S = 1.0  # how often an idle member looks whether the run is over
+
+
+class HandedBack(Exception):
+    """A prompt group stopped at a turn boundary: its partition was revoked, or the member stops."""
+
+
+@dataclass(frozen=True)
+class MemberOptions:
+    generator_id: str
+    run_id: str
+    concurrency: int = 4
+    max_deliveries: int = 3
+    drain_s: float = 30.0
+    session_timeout_ms: int = 6000
+    # a member polls only with room for another prompt group: the longest its slots may all stay busy
+    max_poll_interval_ms: int = 3_600_000
+    heartbeat_interval_ms: int = 1000
+
+
+@dataclass
+class MemberSummary:
+    """What this member did: prompt groups done, failed, handed back, passed over (ended elsewhere); episodes and
+    turns sent; whether it closed the run."""
+
+    done: int = 0
+    failed: int = 0
+    handed_back: int = 0
+    passed_over: int = 0
+    redelivered: int = 0  # prompt groups it took at a delivery above 1
+    episodes: list[tuple[str, int]] = field(default_factory=list)
+    turns_sent: int = 0
+    closed_run: bool = False
+
+    def to_json(self) -> dict:
+        return {"done": self.done, "failed": self.failed, "handed_back": self.handed_back,
+                "passed_over": self.passed_over, "redelivered": self.redelivered,
+                "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent, "closed_run": self.closed_run,
+                "episodes": [[key, attempt] for key, attempt in self.episodes]}  # (rollout key, attempt) of each
+
+
+@dataclass
+class _Task:
+    prompt: PromptGroup
+    record: Any
+    delivery: int
+    cancel: threading.Event
+    epoch: int  # its partition's epoch when it was claimed: moved on, it is not this member's to finish
+    future: Future | None = None
+
+
+class _Member:
+    def __init__(self, conn: Mapping[str, Any], topics: Topics, options: MemberOptions, make_turns: MakeTurns,
+                 publisher: Any, stop: Callable[[], bool], progress: Callable[[MemberSummary], None] | None) -> None:
+        self.topics, self.options, self.make_turns, self.publisher = topics, options, make_turns, publisher
+        self.stop, self.progress = stop, progress
+        self.summary = MemberSummary()
+        self.tasks: dict[tuple[int, int], _Task] = {}  # (partition, offset) -> prompt group in flight
+        self.next_offset: dict[int, tuple[int, int]] = {}  # partition -> (its epoch, the offset after the last taken)
+        self.epochs: dict[int, int] = {}  # partition -> how many times it was revoked or lost (IO thread writes)
+        self.lock = threading.Lock()  # the tasks and epochs, shared with the consumer's IO thread: held briefly
+        self.send_lock = threading.Lock()  # the publisher, shared by the worker threads
+        self.closing = False
+        self.ledger = LedgerLog(conn, topics, client_id=f"{options.generator_id}-ledger")
+        self.pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="prompt-group")
+        self.consumer = new_consumer(
+            conn, group_id=topics.group(GENERATORS_GROUP), client_id=options.generator_id,
+            auto_offset_reset="earliest", session_timeout_ms=options.session_timeout_ms,
+            heartbeat_interval_ms=options.heartbeat_interval_ms, max_poll_records=options.concurrency,
+            partition_assignment_strategy=(CooperativeStickyAssignor,),
+            max_poll_interval_ms=options.max_poll_interval_ms)
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def run(self) -> MemberSummary:
+        member = self
+
+        class Listener(ConsumerRebalanceListener):  # runs on the consumer's IO thread: it must not block
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                member.moved({tp.partition for tp in revoked}, "revoked")
+
+            def on_partitions_lost(self, lost: Any) -> None:
+                member.moved({tp.partition for tp in lost}, "lost")
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                logger.info("generator=%s took prompts partitions %s", member.options.generator_id,
+                            sorted(tp.partition for tp in assigned))
+
+        # the partitions known before the first join: an assignor without them assigns nothing, and the cooperative
+        # one was seen not to rejoin when they arrived
+        wait_for_partitions(self.consumer, self.topics.prompts)
+        self.consumer.subscribe([self.topics.prompts], listener=Listener())
+        last_check = 0.0
+        while not self.stop():
+            free = self.options.concurrency - len(self.tasks)
+            if free > 0:  # never pause(): kafka-python parks a paused partition's fetched records past a rebalance
+                batch = self.consumer.poll(timeout_ms=POLL_MS, max_records=free)
+            else:
+                batch = {}
+                time.sleep(POLL_MS / 1000)
+            records = [r for rs in batch.values() for r in rs]
+            if records:
+                self.ledger.catch_up()
+                for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+                    self._take(record)
+            self._reap()
+            if not self.tasks and time.monotonic() - last_check >= IDLE_CHECK_S:
+                last_check = time.monotonic()
+                if self.ledger.catch_up().all_ended():
+                    self._close_run()
+                    break
+        self._hand_back(self.options.drain_s)
+        return self.summary
+
+    def _take(self, record: Any) -> None:
+        self.next_offset[record.partition] = (self._epoch(record.partition), record.offset + 1)
+        try:
+            prompt = PromptGroup.from_value(record.value)
+        except ContractError as exc:
+            self._dead_letter(record, DlqKind.DECODE, f"prompt record does not parse: {exc}")
+            self._commit_or_fence()
+            return
+        ledger = self.ledger.ledger
+        if prompt.id in ledger.ended:
+            self.summary.passed_over += 1
+            self._commit_or_fence()
+            return
+        self._start(prompt, record, ledger.deliveries.get(prompt.id, 0) + 1)
+
+    def _start(self, prompt: PromptGroup, record: Any, delivery: int, why: str = "") -> None:
+        if delivery > self.options.max_deliveries:
+            reason = (f"prompt group {prompt.id} (group_index {prompt.group_index}) was delivered "
+                      f"{delivery - 1} times without finishing (max_deliveries {self.options.max_deliveries})"
+                      + (f"; last: {why}" if why else ": its generators died or were stopped"))
+            self._fail(prompt, record, delivery - 1, reason)
+            return
+        self.ledger.write(LedgerEvent("claimed", prompt.id, delivery, self.options.generator_id))
+        if delivery > 1:
+            self.summary.redelivered += 1
+            logger.info("generator=%s takes prompt group %s (group_index %d) at delivery %d", self.options.generator_id,
+                        prompt.id, prompt.group_index, delivery)
+        task = _Task(prompt, record, delivery, threading.Event(), self._epoch(record.partition))
+        task.future = self.pool.submit(self._generate, task)
+        with self.lock:
+            self.tasks[(record.partition, record.offset)] = task
+
+    def _generate(self, task: _Task) -> list[tuple[str, int]]:
+        """Worker thread: every turn of the prompt group, sent; returns once each is acknowledged."""
+        futures, episodes = [], []
+        for sample, args in self.make_turns(task.prompt):
+            if task.cancel.is_set():
+                raise HandedBack(task.prompt.id)
+            with self.send_lock:  # one sender at a time (never the state lock: the IO thread's listener takes it)
+                futures.append(self.publisher.publish_turn(sample, delivery=task.delivery, **args))
+                self.summary.turns_sent += 1
+            if args["final"]:
+                episodes.append((rollout_key_of(sample), args["attempt"]))
+        for future in futures:
+            future.get(timeout=self.publisher.delivery_timeout_s)
+        return episodes
+
+    def _reap(self) -> None:
+        """The prompt groups whose worker is over: done, failed, delivered again or handed back; then commit."""
+        for where, task in list(self.tasks.items()):
+            if not task.future.done():
+                continue
+            with self.lock:
+                del self.tasks[where]
+            exc = task.future.exception()
+            if isinstance(exc, HandedBack) or task.epoch != self._epoch(where[0]):
+                self.summary.handed_back += 1
+                continue
+            if isinstance(exc, (BrokerError, KafkaError)):
+                raise exc
+            if exc is not None:
+                why = f"{type(exc).__name__}: {exc}"
+                logger.warning("generator=%s: prompt group %s delivery %d failed: %s", self.options.generator_id,
+                               task.prompt.id, task.delivery, why)
+                self._start(task.prompt, task.record, task.delivery + 1, why)
+                continue
+            committed = self._commit_or_fence(before=where)
+            if committed is None:  # a rebalance is under way: decide once it is over (the partition may stay)
+                with self.lock:
+                    self.tasks[where] = task
+                continue
+            if not committed:
+                self.summary.handed_back += 1
+                continue
+            self.ledger.write(LedgerEvent("done", task.prompt.id, task.delivery, self.options.generator_id))
+            self.summary.done += 1
+            self.summary.episodes.extend(task.future.result())
+            if self.progress is not None:
+                self.progress(self.summary)
+        self._commit_or_fence()
+
+    def _fail(self, prompt: PromptGroup, record: Any, deliveries: int, reason: str) -> None:
+        logger.error("generator=%s: %s", self.options.generator_id, reason)
+        self._dead_letter(record, DlqKind.FAILED_PROMPT, reason)
+        self.ledger.write(LedgerEvent("failed", prompt.id, deliveries, self.options.generator_id, reason))
+        self.summary.failed += 1
+
+    def _dead_letter(self, record: Any, kind: DlqKind, reason: str) -> None:
+        letter = DeadLetter(record.key, record.value, list(record.headers or []), reason, DlqStage.GENERATOR, kind,
+                            source_of(record.topic, record.partition, record.offset))
+        self.ledger.send(self.topics.dlq, letter.key, letter.value, letter.record_headers())
+
+    # -- offsets, membership ----------------------------------------------------------------------------------
+
+    def _safe_offsets(self) -> dict[int, int]:
+        """Per partition this member holds: the first prompt group still in flight, else the offset after the last
+        one taken (from this holding of the partition: an older one's offsets are not this member's to commit)."""
+        held = {tp.partition for tp in self.consumer.assignment()}
+        safe = {p: offset for p, (epoch, offset) in self.next_offset.items() if p in held and epoch == self._epoch(p)}
+        for (partition, offset), task in list(self.tasks.items()):
+            if partition in safe and task.epoch == self._epoch(partition):
+                safe[partition] = min(safe[partition], offset)
+        return safe
+
+    def _commit_or_fence(self, before: tuple[int, int] | None = None) -> bool | None:
+        """Commit the safe offsets (up to ``before`` on its partition): True; None while a rebalance is under way
+        (nothing committed, nothing lost: asked again after the next poll); False when the cluster refuses: this
+        member is out of the group (a zombie back from SIGSTOP, or its session expired), so it writes nothing more
+        of what it holds: the groups in flight are stopped and handed back (the listener is told as it rejoins)."""
+        offsets = self._safe_offsets()
+        if before is not None:
+            if before[0] not in offsets:
+                return False
+            offsets[before[0]] = min(offsets[before[0]], before[1])
+        if not offsets:
+            return True
+        try:
+            self.consumer.commit({TopicPartition(self.topics.prompts, p): OffsetAndMetadata(o, "", -1)
+                                  for p, o in offsets.items()})
+            return True
+        except RebalanceInProgressError:
+            return None
+        except KafkaError as exc:
+            logger.warning("generator=%s no longer holds its prompts partitions (%s): its %d prompt group(s) in "
+                           "flight are handed back, their turns fenced by the next delivery", self.options.generator_id,
+                           exc, len(self.tasks))
+            self.moved(set(offsets), "refused")
+            for tp in self.consumer.assignment():  # still held (a refusal, not an expired member): read them again
+                if tp.partition in offsets:
+                    self.consumer.seek(tp, offsets[tp.partition])
+            return False
+
+    def moved(self, partitions: set[int], how: str) -> None:
+        """Partitions revoked (a member joined or left) or lost (this member was out of the group: a zombie): the
+        prompt groups in flight on them stop at their next turn and are handed back, and nothing they did is
+        written as done (their partition's epoch moved on). Called on the consumer's IO thread: never blocks."""
+        with self.lock:
+            for partition in partitions:
+                self.epochs[partition] = self.epochs.get(partition, 0) + 1
+            stopped = [task for (partition, _), task in self.tasks.items() if partition in partitions]
+            for task in stopped:
+                task.cancel.set()
+        if stopped:
+            logger.warning("generator=%s: prompts partitions %s %s: %d prompt group(s) in flight handed back",
+                           self.options.generator_id, sorted(partitions), how, len(stopped))
+
+    def _epoch(self, partition: int) -> int:
+        with self.lock:
+            return self.epochs.get(partition, 0)
+
+    def _hand_back(self, drain_s: float) -> None:
+        """Stopping: the prompt groups in flight get ``drain_s`` to finish (and be done), the rest are stopped at
+        their next turn and handed back uncommitted."""
+        deadline = time.monotonic() + drain_s
+        while self.tasks and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        for task in self.tasks.values():
+            task.cancel.set()
+        for task in list(self.tasks.values()):
+            task.future.exception()  # the worker stops at its next turn
+        self._reap()
+
+    def _close_run(self) -> None:
+        counts = self.ledger.ledger.counts()
+        logger.info("generator=%s: every loaded prompt group is over (%s): closing run=%s", self.options.generator_id,
+                    counts, self.options.run_id)
+        self.publisher.publish_end_of_run(self.options.run_id)
+        self.summary.closed_run = True
+
+    def close(self) -> None:
+        self.closing = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.consumer.close(autocommit=False)
+        finally:
+            self.ledger.close()
+
+
+def run_member(conn: Mapping[str, Any], topics: Topics, options: MemberOptions, make_turns: MakeTurns,
+               publisher: Any, *, stop: Callable[[], bool] = lambda: False,
+               progress: Callable[[MemberSummary], None] | None = None) -> MemberSummary:
+    """Take prompt groups until the run is over or ``stop()`` (see the module docstring)."""
+    member = _Member(conn, topics, options, make_turns, publisher, stop, progress)
+    try:
+        return member.run()
+    finally:
+        member.close()

@@ -1,0 +1,98 @@
+"""`rollout-bus generate --from-prompts --engine http` on the real broker, against a local server in SGLang's
+shapes: multi-turn episodes through an environment plug-in, scored by a reward plug-in; a prompt whose reward
+raises is failed after its deliveries and dead-lettered with the plug-in named; an engine that dies mid-request
+fails that delivery and the next one completes the prompt group."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.reader import TopicReader
+from rollout_bus.wire.codec import decode_samples
+from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.wire.episode_record import TURN_FIELDS
+from rollout_bus.wire.headers import TurnHeaders
+from rollout_bus.wire.prompt_record import PromptGroup
+from rollout_bus.wire.topics import Topics
+from tests.engine_server import FixtureEngine, fixture
+from tests.integration.prompt_group_harness import Member, ledger_counts, put_prompts, synthetic_prompts
+
+pytestmark = pytest.mark.kafka
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = 2
+
+
+@pytest.fixture
+def run_topics(client_kwargs, monkeypatch) -> Topics:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the members import the plug-ins from tests.prompt_plugins
+    topics = Topics(prefix=f"h{uuid.uuid4().hex[:10]}.")
+    ensure_topics(client_kwargs, topics)
+    return topics
+
+
+def read(client_kwargs, topic: str) -> list:
+    reader = TopicReader(client_kwargs, [topic])
+    try:
+        return reader.read_to_end().get(topic, [])
+    finally:
+        reader.close()
+
+
+def http_member(kafka_bootstrap, topics, tmp_path, engine: FixtureEngine, *extra: str) -> Member:
+    return Member(kafka_bootstrap, topics, tmp_path, "--engine", "http", "--engine-url", engine.url, *extra)
+
+
+def test_multi_turn_episodes_are_made_scored_and_a_prompt_whose_reward_raises_is_failed_with_the_plugin_named(
+        kafka_bootstrap, client_kwargs, run_topics, tmp_path):
+    good = synthetic_prompts(3, SAMPLES)
+    poisoned = PromptGroup("q-poison", 3, [7, 8, 9], SAMPLES)
+    put_prompts(client_kwargs, run_topics, good + [poisoned])
+    with FixtureEngine() as engine:
+        answer = copy.deepcopy(fixture("generate_mask_only"))
+        answer["meta_info"]["finish_reason"] = {"type": "stop"}  # turns that complete: the environment goes on
+        engine.answer("/generate", answer)
+        member = http_member(kafka_bootstrap, run_topics, tmp_path, engine, "--env", "tests.prompt_plugins:two_turns",
+                             "--reward-fn", "tests.prompt_plugins:unless_poisoned", "--max-deliveries", "2")
+        assert member.wait(180) == 0, member.log()[-3000:]
+    assert ledger_counts(client_kwargs, run_topics) == {"loaded": 4, "done": 3, "failed": 1, "in_flight": 0,
+                                                       "redelivered": 1}
+    [letter] = [d for d in (DeadLetter.from_record(r.key, r.value, r.headers) for r in read(client_kwargs,
+                                                                                           run_topics.dlq))
+                if d.kind == "failed_prompt"]
+    assert letter.key == b"q-poison" and "delivered 2 times" in letter.reason
+    assert ("PluginFailed: reward function tests.prompt_plugins:unless_poisoned raised on episode 0 of prompt group "
+            "q-poison (group_index 3, index 6): ValueError: cannot score q-poison") in letter.reason
+    turns = []
+    for record in read(client_kwargs, run_topics.turns):
+        if record.key is None or not record.key.startswith(b"["):
+            continue  # the run's end-of-run markers
+        (sample,), _ = decode_samples(record.value, TURN_FIELDS)
+        turns.append((sample, TurnHeaders.from_kafka(record.headers)))
+    done = [(s, h) for s, h in turns if s.metadata["prompt_id"] != "q-poison"]
+    assert sorted((s.group_index, s.index, h.turn, h.final) for s, h in done) == sorted(
+        (g, g * SAMPLES + j, t, t == 1) for g in range(3) for j in range(SAMPLES) for t in range(2))
+    assert {s.reward for s, h in done if h.final} == {1.0} and {s.reward for s, h in done if not h.final} == {None}
+    assert all(h.delivery == 1 for _, h in done)
+    assert [(h.turn, h.final, h.delivery) for s, h in turns if s.metadata["prompt_id"] == "q-poison"] == \
+        [(0, False, 1), (0, False, 2)]  # its first turn went out each delivery; no final turn, no reward
+
+
+def test_an_engine_that_dies_mid_request_fails_that_delivery_and_the_next_one_completes_it(
+        kafka_bootstrap, client_kwargs, run_topics, tmp_path):
+    put_prompts(client_kwargs, run_topics, synthetic_prompts(3, SAMPLES))
+    with FixtureEngine() as engine:
+        engine.die_next(1)  # the first request's connection is closed with no answer
+        member = http_member(kafka_bootstrap, run_topics, tmp_path, engine, "--concurrency", "1")
+        assert member.wait(180) == 0, member.log()[-3000:]
+        assert len(engine.requests) == 3 * SAMPLES + 1
+    assert ledger_counts(client_kwargs, run_topics) == {"loaded": 3, "done": 3, "failed": 0, "in_flight": 0,
+                                                       "redelivered": 1}
+    log = " ".join(member.log().split())
+    assert "delivery 1 failed: EngineError:" in log and "did not answer" in log
+    assert "no --reward-fn: episodes carry no reward" in log

@@ -1,0 +1,128 @@
+"""The http engine of the prompt-fed generator against a local server in SGLang's shapes: one turn per episode
+without an environment, multi-turn with one (observations forced, the reward on the final turn from the merged
+episode), and every failure raised so the member fails the delivery."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from rollout_bus.errors import ConfigError, EngineError
+from rollout_bus.model.sample import AdapterRef, Status
+from rollout_bus.model.turns import merge_samples
+from rollout_bus.producers.http_prompt_engine import HttpPromptEngine
+from rollout_bus.producers.plugins import PluginFailed, load_env, load_reward
+from rollout_bus.wire.prompt_record import PromptGroup
+from tests import prompt_plugins
+from tests.engine_server import FixtureEngine, fixture
+
+DEFAULTS = {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "min_p": 0.0, "max_new_tokens": 3}
+PROMPT = PromptGroup("p-7", 3, [5, 6, 7], 2, label="Paris", metadata={"source": "geo"},
+                     sampling={"temperature": 0.7, "top_k": 20}, text="capital of France?")
+OUTPUT = [12095, 13, 576]  # what the fixture generates
+
+
+@pytest.fixture
+def engine():
+    with FixtureEngine() as server:
+        yield server
+
+
+def completing(server: FixtureEngine) -> None:
+    """Answer with turns that complete (the fixture's own runs to max_new_tokens: TRUNCATED)."""
+    answer = copy.deepcopy(fixture("generate_mask_only"))
+    answer["meta_info"]["finish_reason"] = {"type": "stop", "matched": 2}
+    server.answer("/generate", answer)
+
+
+def test_one_turn_per_episode_with_the_prompts_identity_and_sampling(engine):
+    adapters = PromptGroup("p-8", 0, [1, 2], 1, label={"answer": 4}, adapter="math", sampling={"top_p": 0.5})
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, adapter_slots={"code": 0, "math": 1})
+    turns = list(made.turns(PROMPT)) + list(made.turns(adapters))
+    assert [args for _, args in turns] == [{"turn": 0, "attempt": 0, "final": True, "group_size": 2}] * 2 + \
+        [{"turn": 0, "attempt": 0, "final": True, "group_size": 1}]
+    first, second, third = (sample for sample, _ in turns)
+    assert [(s.group_index, s.index, s.rollout_id) for s in (first, second, third)] == [(3, 6, 6), (3, 7, 7), (0, 0, 0)]
+    assert list(first.tokens) == [5, 6, 7, *OUTPUT] and first.response_length == 3
+    assert first.status is Status.TRUNCATED and first.reward is None  # no reward function: no reward
+    assert first.metadata == {"source": "geo", "prompt_id": "p-7"} and first.label == "Paris"
+    assert first.prompt == "capital of France?" and first.adapter is None
+    assert third.label is None and third.metadata["label"] == {"answer": 4} and third.adapter == AdapterRef("math", 1)
+    bodies = [body for _, body in engine.requests]
+    assert bodies[0] == {"input_ids": [5, 6, 7], "return_sampling_mask": True,
+                         "sampling_params": {**DEFAULTS, "temperature": 0.7, "top_k": 20}}
+    assert bodies[2]["lora_path"] == "math" and bodies[2]["sampling_params"]["top_p"] == 0.5
+    assert "lora_path" not in bodies[0]
+
+
+def test_an_environment_makes_multi_turn_episodes_and_the_reward_scores_the_merged_episode(engine):
+    completing(engine)
+    prompt_plugins.OPENED.clear()
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, env_factory=load_env("tests.prompt_plugins:two_turns"),
+                            reward_fn=load_reward("tests.prompt_plugins:response_length"), max_turns=4)
+    turns = list(made.turns(PROMPT))
+    assert [(s.index, a["turn"], a["final"]) for s, a in turns] == [(6, 0, False), (6, 1, True), (7, 0, False),
+                                                                       (7, 1, True)]
+    first, last = turns[0][0], turns[1][0]
+    observation = [*prompt_plugins.OBSERVATION, 1]
+    assert list(last.tokens) == [5, 6, 7, *OUTPUT, *observation, *OUTPUT]  # the observation is the next context
+    assert engine.requests[1][1]["input_ids"] == [5, 6, 7, *OUTPUT, *observation]
+    assert first.reward is None and last.reward == 3 + 4 + 3  # responses and the forced observation
+    [episode] = merge_samples([first, last])
+    mask = episode.rollout_sampling_mask
+    assert [mask.row(t).tolist() for t in range(3, 7)] == [[t] for t in observation]  # singleton supports
+    assert list(episode.loss_mask) == [1, 1, 1, 0, 0, 0, 0, 1, 1, 1]
+    assert np.allclose(np.asarray(episode.rollout_log_probs)[3:7], 0.0)
+    env = prompt_plugins.OPENED[0]
+    assert (env.prompt.id, env.sample_index) == ("p-7", 0) and env.seen[0].response_length == 3
+
+
+def test_an_episode_ends_at_max_turns_or_at_a_turn_that_did_not_complete(engine):
+    completing(engine)
+    capped = HttpPromptEngine(engine.url, sampling=DEFAULTS, env_factory=prompt_plugins.forever, max_turns=3)
+    one = PromptGroup("p-1", 0, [5], 1)
+    assert [(a["turn"], a["final"]) for _, a in capped.turns(one)] == [(0, False), (1, False), (2, True)]
+    engine.answer("/generate", fixture("generate_mask_only"))  # truncated at max_new_tokens: nothing to continue
+    truncated = list(capped.turns(one))
+    assert [(a["turn"], a["final"], s.status) for s, a in truncated] == [(0, True, Status.TRUNCATED)]
+
+
+def test_a_request_the_trainer_could_not_replay_fails_before_anything_is_sent(engine):
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS)
+    with pytest.raises(ConfigError, match="top_p"):
+        next(made.turns(PromptGroup("p-2", 0, [5], 1, sampling={"top_p": 5.0})))
+    untruncated = HttpPromptEngine(engine.url, sampling={"temperature": 1.0})
+    with pytest.raises(ConfigError, match="truncate nothing"):
+        next(untruncated.turns(PromptGroup("p-3", 0, [5], 1)))
+    assert engine.requests == []
+
+
+def test_an_engine_that_dies_mid_request_or_aborts_fails_the_delivery_and_the_next_one_completes(engine):
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, timeout_s=10)
+    engine.die_next(1)
+    with pytest.raises(EngineError, match="did not answer"):
+        list(made.turns(PROMPT))
+    assert len(list(made.turns(PROMPT))) == 2  # delivered again: the engine answers
+    engine.answer("/generate", fixture("generate_aborted_empty"))
+    with pytest.raises(EngineError, match="aborted turn 0 of episode 0 of prompt group p-7"):
+        list(made.turns(PROMPT))
+
+
+@pytest.mark.parametrize("plugins, message", [
+    ({"env_factory": prompt_plugins.raising_env}, "environment tests.prompt_plugins:raising_env raised on episode 0 of "
+     "prompt group p-7 (group_index 3, index 6): RuntimeError: tool server unreachable"),
+    ({"reward_fn": prompt_plugins.raising_reward}, "reward function tests.prompt_plugins:raising_reward raised on "
+     "episode 0 of prompt group p-7"),
+    ({"reward_fn": prompt_plugins.text}, "returned 'great' on episode 0 of prompt group p-7"),
+])
+def test_a_plugin_that_raises_stops_the_episode_before_its_final_turn_is_sent(engine, plugins, message):
+    completing(engine)
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, **plugins)
+    sent = []
+    with pytest.raises(PluginFailed) as failed:
+        for sample, args in made.turns(PROMPT):
+            sent.append(args)
+    assert message in str(failed.value)
+    assert not any(args["final"] for args in sent)
