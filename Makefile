@@ -35,8 +35,13 @@ lock:
 	$(UV_VENV)/bin/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 --generate-hashes \
 		--upgrade -o $(LOCK)
 
+# `make demo` runs from the packaged prompt file (rollout_bus/demo/prompts.jsonl) with two generators sharing it, and
+# prints the prompt ledger beside the batch table; DEMO_SOURCE= (empty) runs the seeded generator instead, which the
+# seeded-only flags need, e.g. `make demo DEMO_SOURCE= DEMO_ARGS="--train --max-staleness 1"`.
+DEMO_SOURCE ?= --from-prompts
+
 demo: $(STAMP)
-	$(BIN)/rollout-bus demo $(DEMO_ARGS)
+	$(BIN)/rollout-bus demo $(DEMO_SOURCE) $(DEMO_ARGS)
 
 # The loop closed with a real policy: the generator samples from it, `rollout-bus train` trains it on the shards and
 # ships every version back; a reward table, learn.json and the plots; exit 1 unless the reward rose (about 2 minutes).

@@ -1,7 +1,15 @@
-"""``rollout-bus demo``: the main job, end to end, on the local broker unless one is given."""
+"""``rollout-bus demo``: the main job, end to end, on the local broker unless one is given.
+
+Two ways to make the episodes: the seeded generator (the default, as the other demo options, ``make learn`` and
+the harnesses use it), or with ``--from-prompts`` (``make demo``'s way) a prompt file (``--prompts FILE``, default
+the packaged ``rollout_bus/demo/prompts.jsonl``) loaded and made by ``--generators N`` members of the generators'
+group (``demo.prompts_run``). The file and the flags that only the seeded generator takes are refused in one line
+(exit 2) before a broker is touched.
+"""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +31,12 @@ console = Console(stderr=True)
 # demo --learn: 8 prompt groups of 8 per batch, 80 batches
 LEARN_GROUPS_PER_BATCH, LEARN_SAMPLES_PER_PROMPT = 8, 8
 LEARN_EPISODES = 80 * LEARN_GROUPS_PER_BATCH * LEARN_SAMPLES_PER_PROMPT
+DEMO_PROMPTS, DEMO_GENERATORS = "prompts.jsonl", 2  # --from-prompts: the packaged file, the members sharing it
+
+
+def packaged_prompts() -> Path:
+    """The demo's own prompt file, installed with the package (pyproject.toml's package-data)."""
+    return Path(str(resources.files("rollout_bus.demo").joinpath(DEMO_PROMPTS)))
 
 
 def demo(
@@ -56,6 +70,14 @@ def demo(
     secure: bool = typer.Option(False, "--secure", help="On a secured local broker (TLS, SCRAM, ACLs: `rollout-bus "
                                                         "kafka start --secure`, its data in broker-PORT-secure), each "
                                                         "stage as its role's principal with the run's ACLs only."),
+    from_prompts: bool = typer.Option(False, "--from-prompts", help="Make the episodes from a prompt file (--prompts) "
+                                      "with a group of `generate --from-prompts` members instead of the seeded "
+                                      "generator; the run closes itself once every prompt group is done or failed."),
+    prompts: Path | None = typer.Option(None, "--prompts", metavar="FILE", help="The prompt file to load (JSON lines "
+                                        "or Parquet, as `rollout-bus prompts load`; implies --from-prompts; default "
+                                        "with --from-prompts: the packaged 16 prompt groups of 4)."),
+    generators: int | None = typer.Option(None, "--generators", min=1, help="--from-prompts: members of the "
+                                          f"generators' group sharing the prompts (default {DEMO_GENERATORS})."),
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
 
@@ -63,12 +85,18 @@ def demo(
     Exit 0 only when every valid episode the generator finished is in exactly one shard (with
     --inject-faults, the deliberately bad records and the batch their replay gap fails go to the DLQ).
     With --train, train-sim (a fourth process) trains on the shards; then also only when it trained
-    every written batch exactly once per rank, in seq order.
+    every written batch exactly once per rank, in seq order. With --from-prompts (`make demo`) the prompt
+    file is loaded and --generators members make its episodes, closing the run themselves; the report adds
+    the prompt ledger (loaded, done, redelivered, failed).
     """
     settings = KafkaSettings(bootstrap_servers=bootstrap_servers or "", local_port=port)
     train, max_staleness, groups_per_batch = _learn_defaults(learn, train, max_staleness, groups_per_batch)
     run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
                                          max_staleness=max_staleness)
+    prompts_file = _prompts_file(from_prompts or prompts is not None, prompts, generators, episodes=episodes,
+                                 n_samples_per_prompt=n_samples_per_prompt, adapters=adapters,
+                                 inject_faults=inject_faults, learn=learn, run_batching=run_batching,
+                                 interrupt_prob=interrupt_prob)
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
     _refuse_mistakes(topic_prefix, out)
     if settings.bootstrap_servers:  # a closed port is said before the harness's imports (torch: seconds)
@@ -80,7 +108,8 @@ def demo(
                               batching=run_batching, dp_size=dp_size, out=out, topic_prefix=topic_prefix,
                               inject_faults=inject_faults, timeout_s=timeout,
                               max_record_bytes=settings.max_record_bytes, train=train,
-                              interrupt_prob=interrupt_prob, learn=learn)
+                              interrupt_prob=interrupt_prob, learn=learn, prompts=prompts_file,
+                              generators=generators or DEMO_GENERATORS)
     raise typer.Exit(_run_on_broker(settings, run_options, port=port, secure=secure))
 
 
@@ -116,6 +145,31 @@ def _refuse_mistakes(topic_prefix: str | None, out: Path | None) -> None:
     problem = None if out is None else out_problem(out)
     if problem is not None:
         options.refuse(problem)
+
+
+def _prompts_file(from_prompts: bool, prompts: Path | None, generators: int | None, *, run_batching: BatchingSettings,
+                  **seeded_only: object) -> Path | None:
+    """With --from-prompts: the prompt file, read and checked (exit 2 in one line naming a bad line, or the flags
+    only the seeded generator takes); without: None (exit 2 on --generators)."""
+    if not from_prompts:
+        if generators is not None:
+            options.refuse("--generators is for --from-prompts (the seeded demo runs one generator)")
+        return None
+    given = [f"--{name.replace('_', '-')}" for name, value in seeded_only.items()
+             if value not in (None, "", False, 0.0)]
+    given += ["--max-staleness"] if run_batching.max_staleness is not None and not seeded_only["learn"] else []
+    if given:
+        options.refuse(f"{', '.join(given)}: only the seeded generator takes {'it' if len(given) == 1 else 'them'}; "
+                       "with --from-prompts the prompt file says what to generate (leave --from-prompts and "
+                       "--prompts out for the seeded demo)")
+    from rollout_bus.producers.prompt_file import read_prompt_file
+
+    path = prompts if prompts is not None else packaged_prompts()
+    try:
+        read_prompt_file(path)
+    except ConfigError as exc:
+        options.refuse(f"--prompts: {exc}")
+    return path
 
 
 def _run_on_broker(settings: KafkaSettings, run_options: DemoOptions, *, port: int, secure: bool) -> int:

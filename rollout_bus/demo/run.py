@@ -13,7 +13,9 @@ rank, in seq order (``feed.training.reconcile_training`` over its ``trained.json
 the generator samples from the real policy (``generate --engine policy``) and the fourth process is
 ``rollout-bus train``, which ships every version back; the demo then also succeeds only if the reward
 rose (``observe.learning``: the curve, printed and written to ``learn.json``). The run directory says whose
-it is (``run_dir``: ``run.json``, the run id and topic prefix), written before anything else.
+it is (``run_dir``: ``run.json``, the run id and topic prefix), written before anything else. With ``prompts``
+(``new_run``) a prompt file is loaded and a group of ``generate --from-prompts`` members makes the episodes instead
+of the seeded generator (``demo.prompts_run``); the final report is ``demo.report``'s.
 """
 
 from __future__ import annotations
@@ -38,14 +40,12 @@ from rollout_bus.local_kafka.secure import SecureSetup
 from rollout_bus.kafka.reader import TopicWatcher
 from rollout_bus.observe.accounting import Reconciliation, reconcile, written_batches
 from rollout_bus.observe.learning import learning_curve, reward_charts
-from rollout_bus.observe.flow_fold import fold_flow
-from rollout_bus.observe.flow_tables import flow_tables
 from rollout_bus.demo.processes import StageProcess
 from rollout_bus.demo.run_dir import claim_run_dir
 from rollout_bus.consumers.feed.training import TrainingCheck, read_trained, reconcile_training, staleness_problems
 from rollout_bus.consumers.shard_writer.lost_markers import EXIT_RECORDS_LOST
 from rollout_bus.demo.problems import print_problems, records_lost_verdict
-from rollout_bus.wire.metrics_records import METRIC_PREFIX
+from rollout_bus.demo.report import print_report
 from rollout_bus.wire.topics import DEFAULT_MAX_RECORD_BYTES, Topics
 
 
@@ -84,6 +84,10 @@ class DemoOptions:
     # a secured cluster's principals (``local_kafka.secure.SecureSetup``'s directory): each stage runs as its role's
     # principal with that role's ACLs on the run's prefix; the demo itself is ``client_kwargs``' (an admin)
     principals: Path | None = None
+    # from a prompt file instead (``demo.prompts_run``): loaded onto rollout.prompts, shared by ``generators``
+    # `generate --from-prompts` members; None: the seeded generator plans its own episodes
+    prompts: Path | None = None
+    generators: int = 2
 
 
 def batching_args(batching: BatchingSettings) -> list[str]:
@@ -99,7 +103,9 @@ def _expected_batches(options: DemoOptions) -> int:
 
 
 class DemoRun:
-    """One run of the pipeline against ``client_kwargs``' cluster."""
+    """One run of the pipeline against ``client_kwargs``' cluster (the seeded generator's; ``new_run`` picks)."""
+
+    closes_itself = False  # True: done only once the shard writer, closing the run, wrote the last batch
 
     def __init__(self, client_kwargs: dict[str, Any], options: DemoOptions, console: Console):
         self.kwargs = client_kwargs
@@ -185,6 +191,18 @@ class DemoRun:
         summary = self._summary()
         return None if summary is None else [(k, int(a)) for k, a in summary["episodes"]]
 
+    def generators_done(self) -> bool:
+        """The generator(s) exited 0 and said what they sent."""
+        return self.stages["generate"].poll() == 0 and self._summary() is not None
+
+    def expected(self) -> tuple[int, int]:
+        """The episodes and batches the progress bars count to."""
+        return self.options.episodes, _expected_batches(self.options)
+
+    def report_lines(self) -> list[str]:
+        """What the report adds beside the batch table (the prompts run: the prompt ledger)."""
+        return []
+
     def _faults(self) -> list[dict]:
         return list((self._summary() or {}).get("faults", []))
 
@@ -202,9 +220,10 @@ class DemoRun:
         t = self.topics
         columns = [TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         with Progress(*columns, console=self.console, transient=False) as progress:
+            episodes, batches = self.expected()
             bars = {"turns": progress.add_task("turns sent", total=None),
-                    "episodes": progress.add_task("episodes merged", total=self.options.episodes),
-                    "batches": progress.add_task("batches written", total=_expected_batches(self.options)),
+                    "episodes": progress.add_task("episodes merged", total=episodes),
+                    "batches": progress.add_task("batches written", total=batches),
                     "dlq": progress.add_task("dead letters", total=None)}
             deadline = time.monotonic() + self.options.timeout_s
             result = None
@@ -218,10 +237,10 @@ class DemoRun:
                 failure = self._failed_stage()
                 if failure:
                     return result, failure
-                if self.stages["generate"].poll() == 0 and self._summary() is not None:
+                if self.generators_done():
                     progress.update(bars["turns"], total=counts[t.turns])
                     result = self.reconcile(watcher, verify=False)
-                    if result.ok:
+                    if result.ok and not self.closes_itself:
                         return result, None
                     if self.stages["shards"].poll() == 0:  # the run is closed: nothing more will come
                         watcher.catch_up()
@@ -255,20 +274,29 @@ class DemoRun:
 
     def _failed_stage(self) -> str | None:
         """A stage that exited when it should not have: any non-zero exit, or the stream worker at all
-        (the generator exits 0 when done, the shard writer once the run's last batch is written,
-        train-sim at the run's end)."""
+        (the generator and each ``generate-*`` member exit 0 when done, the shard writer once the run's last batch
+        is written, train-sim at the run's end)."""
         for name, stage in self.stages.items():
             code = stage.poll()
             if name == "shards" and code == EXIT_RECORDS_LOST:
                 return records_lost_verdict(stage)
-            if code not in (None, 0) or (code == 0 and name not in ("generate", "shards", "train")):
+            if code not in (None, 0) or (code == 0 and name.split("-")[0] not in ("generate", "shards", "train")):
                 return f"stage {name} exited with code {code}; last lines of {stage.log_path}:\n{stage.log_tail()}"
         return None
 
 
+def new_run(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> DemoRun:
+    """The seeded generator's run, or with ``options.prompts`` the generator group's (``demo.prompts_run``)."""
+    if options.prompts is None:
+        return DemoRun(client_kwargs, options, console)
+    from rollout_bus.demo.prompts_run import PromptsDemoRun  # it builds on DemoRun
+
+    return PromptsDemoRun(client_kwargs, options, console)
+
+
 def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> int:
     """Run the pipeline once; print progress, metrics and where the shards are; return the exit code."""
-    run = DemoRun(client_kwargs, options, console)
+    run = new_run(client_kwargs, options, console)
     claim_run_dir(run.out, run.run_id, run.topics.prefix)
     created = ensure_topics(client_kwargs, run.topics, max_record_bytes=options.max_record_bytes)
     console.print(f"run {run.run_id}: topics {run.topics.prefix}rollout.* ({len(created)} created), out {run.out}")
@@ -346,43 +374,3 @@ def report_learning(console: Console, run: DemoRun, options: DemoOptions) -> boo
     console.print(f"reward curve: {(run.out / LEARN_JSON).resolve()}, plots {', '.join(LEARN_PLOTS)} beside it "
                   f"({len(checkpoints)} checkpoints listed)")
     return verdict.learned
-
-
-def _metrics_table(batches: dict[str, dict[str, Any]], width: int) -> Table:
-    limit = max(1, min(6, (width - 50) // 12))  # as many batch columns as fit beside full metric names
-    shown = list(batches.items())[-limit:]
-    table = Table(title=f"batch metrics (last {len(shown)} of {len(batches)} batches)", show_lines=False)
-    table.add_column("metric", no_wrap=True, min_width=44)
-    for name, _ in shown:
-        table.add_column(name.replace("batch-", "#"), justify="right")
-    names = sorted({k for _, m in shown for k in m.get("metrics", {})})
-    for metric in names:
-        cells = []
-        for _, manifest in shown:
-            value = manifest.get("metrics", {}).get(metric)
-            cells.append("" if value is None else (f"{value:.4g}" if isinstance(value, float) else str(value)))
-        table.add_row(metric if metric.startswith(METRIC_PREFIX) else f"{METRIC_PREFIX}{metric}", *cells)
-    return table
-
-
-def print_report(console: Console, run: DemoRun, result: Reconciliation | None, metrics_records: list[dict],
-                 elapsed_s: float) -> None:
-    batches = written_batches(run.out / "shards")
-    if batches:
-        console.print(_metrics_table(batches, console.width))
-    for table in flow_tables(fold_flow(metrics_records)):
-        console.print(table)
-    windows = [v for v in metrics_records if v.get("kind") == "window"]
-    closed = [w for w in windows if w.get("closed")]
-    console.print(f"window metrics: {len(windows)} records on {run.topics.metrics} ({len(closed)} closed windows)")
-    if result is not None:
-        console.print(f"episodes sent {result.sent}: {result.in_shards} in shards, {result.in_dlq_only} only in "
-                      f"the DLQ ({len(result.valid_in_dlq_only)} of them valid episodes lost); {result.batches} "
-                      f"batches; dead letters by stage/kind: {result.dlq_reasons or 'none'}")
-        if result.incomplete_groups:
-            console.print(f"{len(result.incomplete_groups)} groups written short (manifest complete: false), e.g. "
-                          f"{result.incomplete_groups[:5]}", markup=False)
-    console.print(f"shards: {(run.out / 'shards').resolve()}  (logs: {(run.out / 'logs').resolve()})")
-    console.print(f"finished in {elapsed_s:.1f}s")
-
-

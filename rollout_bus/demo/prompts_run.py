@@ -1,0 +1,109 @@
+"""The demo from a prompt file: the prompts loaded onto rollout.prompts, then a group of generators sharing them.
+
+Why: a user's run starts from their own prompts, made by generators that share them and close the run
+themselves; ``make demo`` runs that way (the packaged ``prompts.jsonl``: 16 prompt groups of 4), with the same
+stream worker, shard writer, watch and reconciliation as the seeded generator's run (``demo.run``).
+
+Contract of ``PromptsDemoRun(client_kwargs, options, console)`` (a ``DemoRun``; ``run.new_run`` makes it when
+``options.prompts`` is set):
+
+* ``start_stages()`` reads ``options.prompts`` (``producers.prompt_file.read_prompt_file``: a bad line is a
+  ``ConfigError`` naming it) and loads it as ``rollout-bus prompts load`` does (``producers.prompt_loader.
+  load_prompts``, in this process), then starts the stream worker(s) and the shard writer as the seeded run does,
+  then ``options.generators`` members ``generate-g0``, ``generate-g1``, ...: ``generate --from-prompts
+  --member-id gI --run-id <the run id> --summary-out generator-summary-gI.json`` (the generator role's principal on
+  a secured cluster). No ``end-run``: the members close the run once the ledger says every prompt group is over.
+* It is over (``generators_done``, ``closes_itself``) when every member exited 0 with its summary written and the
+  shard writer wrote the run's last batch and exited 0.
+* What was sent is the union of the members' summaries' ``episodes`` (rollout key, attempt), reconciled as the
+  seeded generator's summary is (``observe.accounting.reconcile``); the bars count the file's episodes.
+* ``report_lines()``: the prompt ledger as rollout.prompt_ledger has it (``kafka.prompt_ledger.read_ledger``):
+  ``prompt ledger: loaded 16, done 16, redelivered 0, failed 0, in flight 0``, then what each member did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rollout_bus.demo.processes import StageProcess
+from rollout_bus.demo.run import DemoOptions, DemoRun
+from rollout_bus.errors import RolloutBusError
+from rollout_bus.kafka.prompt_ledger import read_ledger
+from rollout_bus.producers.prompt_file import PromptLine, read_prompt_file
+from rollout_bus.producers.prompt_loader import load_prompts
+
+LEDGER_ORDER = ("loaded", "done", "redelivered", "failed", "in_flight")
+
+
+def ledger_line(counts: dict[str, int]) -> str:
+    """``prompt ledger: loaded 16, done 16, redelivered 0, failed 0, in flight 0``."""
+    return "prompt ledger: " + ", ".join(f"{name.replace('_', ' ')} {counts.get(name, 0)}" for name in LEDGER_ORDER)
+
+
+class PromptsDemoRun(DemoRun):
+    """One run from a prompt file, made by ``options.generators`` members of the generators' group."""
+
+    closes_itself = True
+
+    def __init__(self, client_kwargs: dict[str, Any], options: DemoOptions, console: Console):
+        super().__init__(client_kwargs, options, console)
+        self.prompt_lines: list[PromptLine] = []
+        self.members = [f"g{i}" for i in range(options.generators)]
+
+    def member_summary_path(self, member: str) -> Path:
+        return self.out / f"generator-summary-{member}.json"
+
+    def start_stages(self, generator: bool = True) -> None:
+        """Load the prompt file, start the stream worker(s) and shard writer, then (unless told not to) the
+        members."""
+        o = self.options
+        self.prompt_lines = read_prompt_file(o.prompts)
+        loaded = load_prompts(self.kwargs, self.topics, self.prompt_lines, max_record_bytes=o.max_record_bytes)
+        self.console.print(f"prompts {o.prompts}: {loaded.describe()} on {self.topics.prompts}", markup=False,
+                           soft_wrap=True)
+        super().start_stages(generator=False)
+        if not generator:
+            return
+        for member in self.members:
+            name = f"generate-{member}"
+            self.stages[name] = StageProcess(name, "generate", [
+                *self._common(), "--from-prompts", "--member-id", member, "--run-id", self.run_id,
+                "--seed", str(o.seed), "--summary-out", str(self.member_summary_path(member)), *o.generator_args],
+                self.out / "logs" / f"{name}.log", env=self._as("generator"))
+
+    def generators_done(self) -> bool:
+        """Every member exited 0 and wrote its summary."""
+        return all(self.stages[f"generate-{m}"].poll() == 0 and self.member_summary_path(m).exists()
+                   for m in self.members)
+
+    def expected(self) -> tuple[int, int]:
+        episodes = sum(int(line.content["n_samples"]) for line in self.prompt_lines)
+        return episodes, math.ceil(len(self.prompt_lines) / self.options.batching.groups_per_batch)
+
+    def _member_summaries(self) -> dict[str, dict]:
+        """The summaries the members wrote as they ended (read only once they ended: none is half-written)."""
+        return {m: json.loads(self.member_summary_path(m).read_text()) for m in self.members
+                if self.stages.get(f"generate-{m}") is not None and self.stages[f"generate-{m}"].poll() is not None
+                and self.member_summary_path(m).exists()}
+
+    def _sent(self) -> list[tuple[str, int]] | None:
+        summaries = self._member_summaries()
+        if not summaries:
+            return None
+        return [(key, int(attempt)) for summary in summaries.values() for key, attempt in summary["episodes"]]
+
+    def report_lines(self) -> list[str]:
+        try:
+            lines = [ledger_line(read_ledger(self.kwargs, self.topics).counts())]
+        except RolloutBusError as exc:
+            lines = [f"prompt ledger: not readable ({exc})"]
+        for member, s in self._member_summaries().items():
+            lines.append(f"generator {member}: {s['done']} prompt groups done, {s['failed']} failed, "
+                         f"{s['redelivered']} redelivered, {s['handed_back']} handed back; {s['episodes_finished']} "
+                         f"episodes, {s['turns_sent']} turns{'; closed the run' if s['closed_run'] else ''}")
+        return lines
