@@ -44,7 +44,7 @@ from typing import Any
 from rollout_bus.errors import BrokerError, ContractError
 from rollout_bus.kafka.acls import GENERATORS_GROUP
 from rollout_bus.kafka.clients import (ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaError,
-                                       OffsetAndMetadata, RebalanceInProgressError, TopicPartition, new_consumer,
+                                       KafkaTimeoutError, OffsetAndMetadata, RebalanceInProgressError, TopicPartition, new_consumer,
                                        wait_for_partitions)
 from rollout_bus.kafka.prompt_ledger import LedgerLog
 from rollout_bus.model.sample import Sample
@@ -57,7 +57,8 @@ logger = logging.getLogger(__name__)
 
 MakeTurns = Callable[[PromptGroup], Iterator[tuple[Sample, dict]]]
 POLL_MS = 200
-IDLE_CHECK_S = 1.0  # how often an idle member looks whether the run is over
+IDLE_CHECK_S = 1.0
+COMMIT_TIMEOUT_MS = 30_000  # kafka-python 3 was seen to block in a commit without one (its IO thread idle)  # how often an idle member looks whether the run is over
 
 
 class HandedBack(Exception):
@@ -72,8 +73,7 @@ class MemberOptions:
     max_deliveries: int = 3
     drain_s: float = 30.0
     session_timeout_ms: int = 6000
-    # a member polls only with room for another prompt group: the longest its slots may all stay busy
-    max_poll_interval_ms: int = 3_600_000
+    max_poll_interval_ms: int = 300_000
     heartbeat_interval_ms: int = 1000
 
 
@@ -152,12 +152,11 @@ class _Member:
         last_check = 0.0
         while not self.stop():
             free = self.options.concurrency - len(self.tasks)
-            if free > 0:  # never pause(): kafka-python parks a paused partition's fetched records past a rebalance
-                batch = self.consumer.poll(timeout_ms=POLL_MS, max_records=free)
-            else:
-                batch = {}
-                time.sleep(POLL_MS / 1000)
-            records = [r for rs in batch.values() for r in rs]
+            # Poll even when every slot is busy: a rebalance (a member joined, or died) completes only once every
+            # member polls. Busy, it polls without moving its positions (what comes back is fetched again later),
+            # not with pause(): kafka-python parks a paused partition's fetched records past a rebalance.
+            batch = self.consumer.poll(timeout_ms=POLL_MS, max_records=max(1, free), update_offsets=free > 0)
+            records = [r for rs in batch.values() for r in rs] if free > 0 else []
             if records:
                 self.ledger.catch_up()
                 for record in sorted(records, key=lambda r: (r.partition, r.offset)):
@@ -277,7 +276,7 @@ class _Member:
 
     def _commit_or_fence(self, before: tuple[int, int] | None = None) -> bool | None:
         """Commit the safe offsets (up to ``before`` on its partition): True; None while a rebalance is under way
-        (nothing committed, nothing lost: asked again after the next poll); False when the cluster refuses: this
+        or past its timeout (nothing committed, nothing lost: asked again after the next poll); False when the cluster refuses: this
         member is out of the group (a zombie back from SIGSTOP, or its session expired), so it writes nothing more
         of what it holds: the groups in flight are stopped and handed back (the listener is told as it rejoins)."""
         offsets = self._safe_offsets()
@@ -289,9 +288,10 @@ class _Member:
             return True
         try:
             self.consumer.commit({TopicPartition(self.topics.prompts, p): OffsetAndMetadata(o, "", -1)
-                                  for p, o in offsets.items()})
+                                  for p, o in offsets.items()}, timeout_ms=COMMIT_TIMEOUT_MS)
             return True
-        except RebalanceInProgressError:
+        except (RebalanceInProgressError, KafkaTimeoutError) as exc:  # nothing committed, nothing lost: again later
+            logger.info("generator=%s: commit deferred (%s)", self.options.generator_id, type(exc).__name__)
             return None
         except KafkaError as exc:
             logger.warning("generator=%s no longer holds its prompts partitions (%s): its %d prompt group(s) in "

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kafka import ConsumerRebalanceListener, KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.codec import has_lz4
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.errors import KafkaError, RebalanceInProgressError, TopicAuthorizationFailedError
+from kafka.errors import KafkaError, KafkaTimeoutError, RebalanceInProgressError, TopicAuthorizationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from rollout_bus.errors import BrokerError, MissingTopicError
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rollout_bus.config import KafkaSettings
 
 __all__ = ["ConsumerRebalanceListener", "CooperativeStickyAssignor", "KafkaAdminClient", "KafkaConsumer",
-           "KafkaError", "KafkaProducer", "OffsetAndMetadata", "RebalanceInProgressError", "TopicPartition",
+           "KafkaError", "KafkaProducer", "KafkaTimeoutError", "OffsetAndMetadata", "RebalanceInProgressError", "TopicPartition",
            "connection", "faust_brokers", "faust_credentials", "group_less_consumer", "has_lz4", "new_admin",
            "new_aio_consumer", "new_consumer", "new_producer", "wait_for_partitions"]
 

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 120.0
 CATCH_UP_POLL_MS = 200
+OFFSETS_TIMEOUT_MS = 30_000  # every offsets request bounded: kafka-python 3 was seen to block without one
 
 
 class LedgerLog:
@@ -52,8 +53,8 @@ class LedgerLog:
     def catch_up(self) -> PromptLedger:
         """Read every event up to the end offsets as they are now; return the folded ledger."""
         try:
-            ends = self._consumer.end_offsets(self._partitions)
-            while any(self._consumer.position(tp) < end for tp, end in ends.items()):
+            ends = self._consumer.end_offsets(self._partitions, timeout_ms=OFFSETS_TIMEOUT_MS)
+            while any(self._consumer.position(tp, timeout_ms=OFFSETS_TIMEOUT_MS) < end for tp, end in ends.items()):
                 for records in self._consumer.poll(timeout_ms=CATCH_UP_POLL_MS).values():
                     for record in records:
                         self._take(record)

@@ -34,7 +34,8 @@ PACED = ("--turn-latency-ms", "150", "--concurrency", "2")
 
 
 class Run:
-    """Fresh topics, the prompts loaded, a stream worker and a shard writer waiting for them."""
+    """Fresh topics, the prompts loaded, a stream worker and a shard writer waiting for them; ``close()`` kills
+    whatever is still running (a failed test leaves no member behind)."""
 
     def __init__(self, bootstrap: str, client_kwargs: dict, tmp_path, prompts: list[PromptGroup]) -> None:
         self.bootstrap, self.client_kwargs = bootstrap, client_kwargs
@@ -47,6 +48,14 @@ class Run:
         self.writer = WriterThread(client_kwargs, self.topics, self.dir / "shards",
                                    self.topics.group("rollout-bus-shards"), run_batching=RunBatching(2))
         self.members: list[Member] = []
+
+    def close(self) -> None:
+        for member in self.members:
+            member.signal(signal.SIGKILL)
+        if self.worker.proc.poll() is None:
+            self.worker.stop(signal.SIGKILL)
+        if self.writer.thread.is_alive():
+            self.writer.writer.stop()
 
     def member(self, *extra: str) -> Member:
         member = Member(self.bootstrap, self.topics, self.dir, *extra)
@@ -79,21 +88,38 @@ class Run:
             reader.close()
 
 
+@pytest.fixture
+def new_run(kafka_bootstrap, client_kwargs, tmp_path):
+    """``new_run(prompts)``: a ``Run`` on them, closed at the test's end whatever happened."""
+    runs: list[Run] = []
+
+    def make(prompts: list[PromptGroup]) -> Run:
+        runs.append(Run(kafka_bootstrap, client_kwargs, tmp_path, prompts))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.close()
+
+
 @pytest.fixture(scope="module")
 def undisturbed(kafka_bootstrap, tmp_path_factory) -> dict[str, str]:
     """The shards of one member making every prompt group, nothing disturbed."""
     run = Run(kafka_bootstrap, {"bootstrap_servers": kafka_bootstrap}, tmp_path_factory.mktemp("undisturbed"),
               synthetic_prompts(GROUPS, SAMPLES))
-    run.member("--concurrency", "4")
-    digests = run.finish()
+    try:
+        run.member("--concurrency", "4")
+        digests = run.finish()
+    finally:
+        run.close()
     assert len(digests) == GROUPS, digests  # batches of 2 groups, 2 DP shards each
     assert run.ledger() == {"loaded": GROUPS, "done": GROUPS, "failed": 0, "in_flight": 0, "redelivered": 0}
     return digests
 
 
 def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
-        kafka_bootstrap, client_kwargs, tmp_path, undisturbed):
-    run = Run(kafka_bootstrap, client_kwargs, tmp_path, synthetic_prompts(GROUPS, SAMPLES))
+        new_run, undisturbed):
+    run = new_run(synthetic_prompts(GROUPS, SAMPLES))
     victim = run.member(*PACED)
     others = [run.member(*PACED) for _ in range(2)]
     wait_until(lambda: run.ledger()["done"] >= 2 and run.holds(victim), 120, "the victim holding a prompt group")
@@ -107,8 +133,8 @@ def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
 
 
 def test_a_zombie_back_from_sigstop_is_fenced_and_the_shards_are_unchanged(
-        kafka_bootstrap, client_kwargs, tmp_path, undisturbed):
-    run = Run(kafka_bootstrap, client_kwargs, tmp_path, synthetic_prompts(GROUPS, SAMPLES))
+        new_run, undisturbed):
+    run = new_run(synthetic_prompts(GROUPS, SAMPLES))
     zombie = run.member(*PACED)
     wait_until(lambda: run.holds(zombie), 120, "the first member holding a prompt group")
     zombie.signal(signal.SIGSTOP)
@@ -126,8 +152,8 @@ def _holds_partitions(member: Member) -> bool:
 
 
 def test_scaling_one_to_three_and_back_to_one_keeps_every_prompt_group_once(
-        kafka_bootstrap, client_kwargs, tmp_path, undisturbed):
-    run = Run(kafka_bootstrap, client_kwargs, tmp_path, synthetic_prompts(GROUPS, SAMPLES))
+        new_run, undisturbed):
+    run = new_run(synthetic_prompts(GROUPS, SAMPLES))
     first = run.member("--turn-latency-ms", "500", "--concurrency", "1")  # alone: about a second a prompt group
     wait_until(lambda: run.ledger()["done"] >= 2, 120, "two prompt groups done by the first member")
     added = [run.member(*PACED) for _ in range(2)]
@@ -143,11 +169,10 @@ def test_scaling_one_to_three_and_back_to_one_keeps_every_prompt_group_once(
     assert sum(m.summary()["done"] for m in added) >= 1  # the added members did share the work
 
 
-def test_a_prompt_the_engine_always_refuses_is_failed_after_its_deliveries_and_the_run_still_ends(
-        kafka_bootstrap, client_kwargs, tmp_path):
+def test_a_prompt_the_engine_always_refuses_is_failed_after_its_deliveries_and_the_run_still_ends(new_run):
     prompts = synthetic_prompts(4, SAMPLES)
     bad = PromptGroup("q-refused", 4, [7, 8, 9], SAMPLES, sampling={"top_p": 5.0})
-    run = Run(kafka_bootstrap, client_kwargs, tmp_path, prompts + [bad])
+    run = new_run(prompts + [bad])
     member = run.member("--max-deliveries", "2")
     run.finish()
     assert member.proc.returncode == 0, member.log()[-2000:]
