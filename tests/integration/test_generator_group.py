@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 import uuid
 
 import pytest
@@ -181,3 +182,33 @@ def test_a_prompt_the_engine_always_refuses_is_failed_after_its_deliveries_and_t
     [letter] = [d for d in run.dead_letters() if d.kind == "failed_prompt"]
     assert letter.key == b"q-refused" and letter.stage == "generator"
     assert "delivered 2 times" in letter.reason and "'top_p' must be in (0, 1]" in letter.reason
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(1200)
+def test_one_member_of_three_killed_every_20s_for_two_minutes_changes_no_shard(kafka_bootstrap, new_run, tmp_path):
+    """The issue's drill (``pytest -m chaos``): kill -9 of one member of three every 20 s for 120 s, a new member
+    started in its place each time; the shards are those of an undisturbed run of the same prompts."""
+    prompts = synthetic_prompts(450, SAMPLES, seed=1)
+    calm = new_run(prompts)
+    calm.member("--concurrency", "8")
+    reference = calm.finish()
+    run = new_run(prompts)
+    alive = [run.member("--turn-latency-ms", "400", "--concurrency", "1") for _ in range(3)]
+    kills = 0
+    for _ in range(6):
+        wait_until(lambda: any(run.holds(m) for m in alive), 60, "a member holding a prompt group")
+        victim = next(m for m in alive if run.holds(m))
+        victim.kill()
+        kills += 1
+        alive.remove(victim)
+        alive.append(run.member("--turn-latency-ms", "400", "--concurrency", "1"))
+        if run.ledger()["done"] >= len(prompts) - 10:
+            break
+        time.sleep(20)
+    digests = run.finish()
+    assert kills >= 4, f"the run ended after {kills} kills: give it more prompt groups"
+    assert digests == reference
+    ledger = run.ledger()
+    assert (ledger["done"], ledger["failed"], ledger["in_flight"]) == (len(prompts), 0, 0), ledger
+    assert ledger["redelivered"] >= kills, ledger
