@@ -27,7 +27,9 @@ Contract:
   or was fenced): at turn 0 it discards the open attempt (``Decision.takeover``), whichever generator made it,
   and is never a ``collision``; for an episode already finished it is ``REDONE`` (the same episode by identity,
   made again: ignored and counted). A turn of a lower delivery is ``FENCED``: a zombie's late turn, ignored and
-  counted, never merged.
+  counted, never merged. The open index sums the response tokens its takeovers threw away
+  (``EpisodeIndex.takeover_tokens``, kept through later turns and attempts: ``decide`` carries it on, the turn
+  merge, which reads the discarded turns, adds to it) for the episode record's ``takeover_tokens`` header.
 * ``finished_index(index, partition, final_offset)`` is the marker kept after emission (or
   abandonment), so late turns are told apart from redeliveries; it is pruned once the partition
   has moved far past it (``rollout_bus.streams.finished_markers``). ``share_final_reward(segments, final)`` gives every sibling segment the
@@ -82,6 +84,9 @@ class EpisodeIndex:
     final_offset: int = -1
     generator: str | None = None  # the ``generator`` header of its turn 0 (None: not said)
     delivery: int = 0  # the prompt group's delivery its turns carry (0: a generator that plans its own groups)
+    # Response tokens of lower deliveries' stored turns that takeovers of this open episode discarded (0 in an index
+    # written before it was kept, and in a finished marker: the episode record has carried it by then).
+    takeover_tokens: int = 0
 
     def to_bytes(self) -> bytes:
         values: list = [self.attempt, self.next_turn, int(self.finished), self.group_size]
@@ -89,23 +94,28 @@ class EpisodeIndex:
             values += [self.partition, self.final_offset]
         if self.generator is not None:
             values.append(self.generator)
-        if self.delivery:
-            values.append({"delivery": self.delivery})
+        tail = {"delivery": self.delivery} if self.delivery else {}
+        if self.takeover_tokens:
+            tail["takeover_tokens"] = self.takeover_tokens
+        if tail:
+            values.append(tail)
         return compact_json(values)  # a list: key order does not arise
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "EpisodeIndex":
         """Strict inverse of ``to_bytes``; ContractError on anything else."""
         shape = ("[attempt, next_turn, finished, group_size] or [..., partition, final_offset], then the generator, "
-             "then {\"delivery\": d}")
+             "then {\"delivery\": d, \"takeover_tokens\": n}")
         try:
             values = json.loads(raw)
         except (ValueError, TypeError) as exc:
             raise ContractError(must_be("episode index", shape, raw)) from exc
         tail = values.pop() if isinstance(values, list) and values and isinstance(values[-1], dict) else {}
-        delivery = tail.get("delivery", 0)
-        if set(tail) - {"delivery"} or not isinstance(delivery, int) or isinstance(delivery, bool) or delivery < 0:
+        counts = (tail.get("delivery", 0), tail.get("takeover_tokens", 0))
+        if set(tail) - {"delivery", "takeover_tokens"} or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
             raise ContractError(must_be("episode index", shape, raw))
+        delivery, takeover_tokens = counts
         generator = values.pop() if isinstance(values, list) and values and isinstance(values[-1], str) else None
         if not isinstance(values, list) or len(values) not in (4, 6):
             raise ContractError(must_be("episode index", shape, raw))
@@ -115,7 +125,8 @@ class EpisodeIndex:
             raise ContractError(must_be("episode index", "non-negative integers", raw))
         attempt, next_turn, finished, group_size, *where = values
         partition, final_offset = where or (-1, -1)
-        return cls(attempt, next_turn, bool(finished), group_size, partition, final_offset, generator, delivery)
+        return cls(attempt, next_turn, bool(finished), group_size, partition, final_offset, generator, delivery,
+                   takeover_tokens)
 
 
 @dataclass(frozen=True)
@@ -156,15 +167,18 @@ def parse_stored_turn(raw: bytes) -> tuple[int, int, bytes]:
     return offset, sent_at, raw[_STORED.size:]
 
 
-def _accept(headers: TurnHeaders, discard: EpisodeIndex | None = None, generator: str | None = None) -> Decision:
+def _accept(headers: TurnHeaders, held: EpisodeIndex | None = None, *, discard: bool = False,
+            generator: str | None = None) -> Decision:
+    """Store or emit the turn; ``held`` (the episode's open index) hands on its ``takeover_tokens``, and with
+    ``discard`` its attempt's stored turns are thrown away."""
     index = EpisodeIndex(headers.attempt, headers.turn + 1, False, headers.group_size,
                          generator=generator if generator is not None else headers.generator,
-                         delivery=headers.delivery)
+                         delivery=headers.delivery, takeover_tokens=held.takeover_tokens if held else 0)
     action = Action.EMIT if headers.final else Action.STORE
-    if discard is None:
+    if held is None or not discard:
         return Decision(action, index)
-    return Decision(action, index, discard_attempt=discard.attempt, discard_turns=discard.next_turn,
-                    takeover=discard.delivery != headers.delivery)
+    return Decision(action, index, discard_attempt=held.attempt, discard_turns=held.next_turn,
+                    takeover=held.delivery != headers.delivery)
 
 
 def _decide_delivery(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
@@ -176,7 +190,7 @@ def _decide_delivery(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
     if index.finished:
         return Decision(Action.REDONE, reason=f"{said}: the episode was finished by delivery {index.delivery}")
     if headers.turn == 0:
-        return _accept(headers, discard=index)
+        return _accept(headers, index, discard=True)
     return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"{said} arrived before its turn 0 (delivery "
                                                      f"{index.delivery} was open)")
 
@@ -213,7 +227,7 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
         return Decision(Action.SUPERSEDED, reason=f"attempt {headers.attempt} < current attempt {index.attempt}")
     if headers.attempt > index.attempt:
         if headers.turn == 0:
-            return _accept(headers, discard=index, generator=index.generator)
+            return _accept(headers, index, discard=True, generator=index.generator)
         return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"attempt {headers.attempt} starts at turn "
                                                          f"{headers.turn}, not 0 (attempt {index.attempt} was open)")
     if headers.turn < index.next_turn:
@@ -221,7 +235,7 @@ def decide(index: EpisodeIndex | None, headers: TurnHeaders) -> Decision:
     if headers.turn > index.next_turn:
         return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"turn {headers.turn} of attempt {headers.attempt} "
                                                          f"skips turn {index.next_turn}")
-    return _accept(headers, generator=index.generator)
+    return _accept(headers, index, generator=index.generator)
 
 
 def finished_index(index: EpisodeIndex, partition: int = -1, final_offset: int = -1) -> EpisodeIndex:

@@ -10,9 +10,11 @@ Contract (state keys in ``episode_state`` and ``held_turns``):
   superseded turn is counted and ignored, and so are a zombie generator's ``fenced`` turn (a lower delivery)
   and a finished episode ``redone`` by a higher delivery; a turn that starts a new attempt discards the stored
   turns of the old one (a new delivery's: counted as taken over, not superseded, with the response tokens it
-  throws away: ``takeover_tokens_discarded``); a turn ahead of its predecessor is held and taken up again once the predecessor is stored; a
-  stored turn is kept as parsed on arrival while the worker lives, so merging decodes nothing twice
-  (``decode_turn`` reads one back from the state after a recovery).
+  throws away: ``takeover_tokens_discarded``, and added to the episode's index, so its episode record's
+  ``takeover_tokens`` header carries them to the shard writer's flow, across a restart too); a turn ahead of
+  its predecessor is held and taken up again once the predecessor is stored; a stored turn is kept as parsed on
+  arrival while the worker lives, so merging decodes nothing twice (``decode_turn`` reads one back from the state
+  after a recovery).
 * A rejected turn goes to rollout.dlq (``rejections``); a rejected final turn abandons its episode, and any
   other turn dead-lettered for itself leaves a ``dead_key`` marker, so its successor is a ``gap`` at once.
 * A final turn merges the stored turns with it (one reward: ``share_final_reward``) and sends the episode
@@ -129,10 +131,12 @@ class TurnMerge:
             return
         if decision.discard_attempt is not None:
             if decision.takeover:  # another delivery's attempt: its generator died or was fenced
+                tokens = self._response_tokens(record.key, decision.discard_attempt, decision.discard_turns)
                 self.outcomes["taken_over_episodes"] += 1
                 self.outcomes["takeover_turns_discarded"] += decision.discard_turns
-                self.outcomes["takeover_tokens_discarded"] += self._response_tokens(
-                    record.key, decision.discard_attempt, decision.discard_turns)
+                self.outcomes["takeover_tokens_discarded"] += tokens
+                taken = replace(decision.index, takeover_tokens=decision.index.takeover_tokens + tokens)
+                decision = replace(decision, index=taken)  # the episode record will say what was thrown away
             for turn in range(decision.discard_turns):
                 self.forget(turn_key(record.key, decision.discard_attempt, turn))
             if not decision.takeover:
@@ -247,7 +251,8 @@ class TurnMerge:
         value = encode_episode(segments, info)
         too_large = partial(self.rejects.too_large, index, record, headers, stored, len(value))
         try:
-            delivery = await self.send(self.topics.episodes, record.key, value, info.headers(), wait=False)
+            delivery = await self.send(self.topics.episodes, record.key, value,
+                                       info.headers(takeover_tokens=index.takeover_tokens), wait=False)
         except RecordTooLargeError as exc:
             await too_large(exc)
             return

@@ -155,7 +155,8 @@ def flow_families(flow: dict[str, Any] | None) -> list[Metric]:
     response = totals.get(METRIC_PREFIX + RESPONSE_TOKENS)
     if response is not None:
         families.append(CounterMetricFamily("rollout_flow_response_tokens", "response tokens of every episode the "
-                                            "batches decided on (written and stale)", value=response))
+                                            "batches decided on (written and stale, and those takeovers threw away)",
+                                            value=response))
     return families
 
 

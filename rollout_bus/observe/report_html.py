@@ -18,9 +18,9 @@ from rollout_bus.observe.charts import Bar, Series, bar_chart, color_for, line_c
 from rollout_bus.observe.flow_fold import Flow
 from rollout_bus.observe.learning import reward_charts
 from rollout_bus.observe.report import BatchRow, Report, WindowPoint
-from rollout_bus.wire.flow_metrics import (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, DISCARD_CAUSES, RESPONSE_TOKENS,
-                                           SAMPLE_AGE_P50, SAMPLE_AGE_P99, WAIT_KEYS, discarded_token_fraction,
-                                           discarded_tokens)
+from rollout_bus.wire.flow_metrics import (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, CAUSE_TAKEOVER, DISCARD_CAUSES,
+                                           RESPONSE_TOKENS, SAMPLE_AGE_P50, SAMPLE_AGE_P99, WAIT_KEYS,
+                                           discarded_token_fraction, discarded_tokens)
 
 _CSS = """
 body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;background:#f6f7f9;margin:0}
@@ -139,7 +139,8 @@ def _batch_section(report: Report) -> str:
                 "partial", "staleness mean / max / oldest", "from"], rows, {0, 2, 3, 4, 5, 6, 7})])
 
 
-_CAUSE_COLORS = {CAUSE_ABORTED: "#d55e00", CAUSE_REMOVED: "#e69f00", CAUSE_STALE: "#cc79a7"}
+_CAUSE_COLORS = {CAUSE_ABORTED: "#d55e00", CAUSE_REMOVED: "#e69f00", CAUSE_STALE: "#cc79a7",
+                 CAUSE_TAKEOVER: "#009e73"}
 
 
 def _count(value: float | None) -> str:
@@ -185,7 +186,8 @@ def _discarded(flow: Flow) -> list[str]:
             for seq, m in flow.batches.items()]
     return [f'<div class="panel">{chart}</div>',
             _table(["batch", "age p50 s", "age p99 s", "response tokens",
-                    *(f"{cause} fraction" for cause in DISCARD_CAUSES)], rows, {0, 1, 2, 3, 4, 5, 6})]
+                    *(f"{cause} fraction" for cause in DISCARD_CAUSES)], rows,
+                   set(range(4 + len(DISCARD_CAUSES))))]
 
 
 def _flow_section(report: Report) -> str:

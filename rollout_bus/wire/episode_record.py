@@ -9,7 +9,10 @@ Contract:
   headers ``TurnHeaders``.
 - rollout.episodes: key the same; value ``encode_samples(segments, TURN_FIELDS, metadata=...)``
   where the metadata is ``EpisodeInfo`` (attempt, turns, group_size, sent_at of the final turn,
-  event time); headers repeat attempt/group_size/schema for consumers that filter without decoding.
+  event time); headers repeat attempt/group_size/schema for consumers that filter without decoding, plus
+  ``takeover_tokens`` where generator takeovers threw response tokens of the episode away: a header only, not in
+  the value's metadata, so an episode's value is the same whether or not its making was disturbed, and the
+  headers of an undisturbed episode are what they were before the header existed.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import asdict, dataclass
 from rollout_bus.errors import CodecError
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.codec import COMPUTED_FIELDS, SAMPLING_MASK_FIELDS, decode_samples, encode_samples
-from rollout_bus.wire.headers import HEADER_ATTEMPT, HEADER_GROUP_SIZE, HEADER_SCHEMA, HEADER_SENT_AT, SCHEMA_VERSION
+from rollout_bus.wire.headers import (HEADER_ATTEMPT, HEADER_GROUP_SIZE, HEADER_SCHEMA, HEADER_SENT_AT,
+                                     HEADER_TAKEOVER_TOKENS, SCHEMA_VERSION)
 
 TURN_FIELDS = COMPUTED_FIELDS + SAMPLING_MASK_FIELDS
 
@@ -34,9 +38,14 @@ class EpisodeInfo:
     final_sent_at_ms: int
     event_time_ms: int
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        return [(HEADER_ATTEMPT, str(self.attempt).encode()), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
-                (HEADER_SCHEMA, SCHEMA_VERSION.encode()), (HEADER_SENT_AT, str(self.final_sent_at_ms).encode())]
+    def headers(self, *, takeover_tokens: int = 0) -> list[tuple[str, bytes]]:
+        """The record's headers; ``takeover_tokens`` (the response tokens takeovers discarded for the episode)
+        adds its header only when above 0."""
+        headers = [(HEADER_ATTEMPT, str(self.attempt).encode()), (HEADER_GROUP_SIZE, str(self.group_size).encode()),
+                   (HEADER_SCHEMA, SCHEMA_VERSION.encode()), (HEADER_SENT_AT, str(self.final_sent_at_ms).encode())]
+        if takeover_tokens > 0:
+            headers.append((HEADER_TAKEOVER_TOKENS, str(int(takeover_tokens)).encode()))
+        return headers
 
 
 def encode_episode(segments: list[Sample], info: EpisodeInfo) -> bytes:

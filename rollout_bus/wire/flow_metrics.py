@@ -51,9 +51,10 @@ DISCARDED_TOKENS = "flow/discarded_tokens/"  # + cause
 DISCARDED_TOKEN_FRACTION = "flow/discarded_token_fraction"  # the sum; + "/" + cause for one cause
 
 # Why a response token never trains: its sample was aborted, or removed (``remove_sample``) otherwise, or its
-# episode was dropped as stale (and dead-lettered as ``stale``).
-CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE = "aborted", "removed", "stale"
-DISCARD_CAUSES = (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE)
+# episode was dropped as stale (and dead-lettered as ``stale``), or a generator takeover threw it away (the stored
+# turns of a dead generator's delivery of the episode, discarded when a higher delivery made it again).
+CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, CAUSE_TAKEOVER = "aborted", "removed", "stale", "takeover"
+DISCARD_CAUSES = (CAUSE_ABORTED, CAUSE_REMOVED, CAUSE_STALE, CAUSE_TAKEOVER)
 
 
 def discarded_tokens(cause: str) -> str:

@@ -1,9 +1,9 @@
-"""Every record header the bus defines, beside the records that read and write them (WIRE.md sections 4.2, 4.6, 5.2 and 7.2).
+"""Every record header the bus defines, beside the records that read and write them (WIRE.md sections 4.2, 4.6, 5.1, 5.2 and 7.2).
 
 A header name, its values and its parsing start here: ``TurnHeaders`` for the six headers of a turn on
-rollout.turns, the ``control`` header that tells a control record (end of run, abandoned, batch
-skipped) from data, and the header the stream worker adds to a re-routed turn. The dead letter's
-``dlq.*`` headers are beside ``DeadLetter`` in ``dead_letter.py``.
+rollout.turns, the ``takeover_tokens`` header of an episode record, the ``control`` header that tells a control
+record (end of run, abandoned, batch skipped) from data, and the header the stream worker adds to a re-routed
+turn. The dead letter's ``dlq.*`` headers are beside ``DeadLetter`` in ``dead_letter.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ HEADER_GENERATOR = "generator"
 # rollout.prompt_ledger; WIRE.md section 4.2). A higher delivery takes an episode over from a generator that died;
 # a lower one is a zombie's late turn, fenced. Absent (0) for a generator that plans its own groups.
 HEADER_DELIVERY = "delivery"
+# Optional, on a rollout.episodes data record: the response tokens that generator takeovers threw away for the
+# episode (the stored turns of the lower deliveries' attempts, discarded when a higher delivery made it again;
+# WIRE.md section 5.1), ASCII decimal >= 1; absent when none. The shard writer's batch flow counts them (cause
+# ``takeover``).
+HEADER_TAKEOVER_TOKENS = "takeover_tokens"
 GENERATOR_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 SCHEMA_VERSION = "1"
 # Set by the stream worker on a turn it moved to its key's partition (``topic:partition:offset`` it came from).

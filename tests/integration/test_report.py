@@ -77,7 +77,7 @@ def publish(client_kwargs, topics) -> None:
         samples = [sample("math", 10 * seq + i, 12) for i in range(3)] + [sample("code<&>", 10 * seq, 30)]
         flow = {"flow/sample_age_s/p50": 1.5 + seq, "flow/sample_age_s/p99": 4.0 + seq, "flow/response_tokens": 66.0,
                 "flow/discarded_tokens/removed": 6.0 * seq, "flow/discarded_tokens/stale": 12.0,
-                "flow/discarded_tokens/aborted": 0.0}
+                "flow/discarded_tokens/aborted": 0.0, "flow/discarded_tokens/takeover": 4.0 * seq}
         producer.send(topics.metrics, key=b"%d" % seq, value=batch_metrics_record(
             seq, compute_metrics_from_samples(samples) | flow, samples=len(samples), manifest_path="/nowhere"))
         producer.send(topics.shards, key=b"%d" % seq, value=json.dumps(announced(seq, samples, 66 + seq)).encode())
@@ -120,7 +120,7 @@ def test_the_report_shows_windows_batches_and_dead_letters_of_a_run(client_kwarg
     assert re.findall(r"<td>(generator|trainer)</td><td><code>([^<]+)</code></td><td class=\"n\">([\d.]+)</td>"
                       r"<td class=\"n\">([\d.]+)</td>", flow) == [("generator", "g0of1-seed1", "2.0", "0.250"),
                                                                  ("trainer", "trainer", "3.0", "0.375")]
-    assert "batch 1: aborted 0, removed 6, stale 12 of 66 response tokens" in flow
+    assert "batch 1: aborted 0, removed 6, stale 12, takeover 4 of 66 response tokens" in flow
     assert page.count('class="band"') == 2
     assert "safetensors header is not &lt;valid&gt; JSON" in page and ">2</td>" in page
     rows = re.findall(r"<tr><td class=\"n\">(\d+)</td><td>([^<]*)</td><td class=\"n\">(\d+)</td>"

@@ -18,7 +18,7 @@ from rollout_bus.kafka.lag import lag_rows
 from rollout_bus.observe.exporter import SnapshotCollector
 from rollout_bus.observe.metrics_view import MetricsView
 from rollout_bus.wire.dead_letter import DeadLetter
-from rollout_bus.wire.flow_metrics import flow_metrics_record, generator_flow, trainer_flow
+from rollout_bus.wire.flow_metrics import DISCARD_CAUSES, flow_metrics_record, generator_flow, trainer_flow
 from rollout_bus.wire.metrics_records import batch_metrics_record, window_metrics_record
 from rollout_bus.wire.weight_version import WeightVersion
 from tests.unit.compose.test_compose import BASE, COMPOSE, load
@@ -30,8 +30,8 @@ def batch_flow_example() -> dict[str, float]:
     """The flow keys a written batch's record carries (``rollout_bus.consumers.shard_writer.flow.batch_flow``)."""
     return {"flow/sample_age_s/p50": 2.0, "flow/sample_age_s/p99": 9.0, "flow/sample_age_s/max": 10.0,
             "flow/response_tokens": 100.0, "flow/discarded_token_fraction": 0.3,
-            **{f"flow/discarded_tokens/{c}": 10.0 for c in ("aborted", "removed", "stale")},
-            **{f"flow/discarded_token_fraction/{c}": 0.1 for c in ("aborted", "removed", "stale")}}
+            **{f"flow/discarded_tokens/{c}": 10.0 for c in DISCARD_CAUSES},
+            **{f"flow/discarded_token_fraction/{c}": 0.1 for c in DISCARD_CAUSES}}
 
 
 def _served_series() -> set[str]:

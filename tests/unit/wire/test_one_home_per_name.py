@@ -9,7 +9,7 @@ The names and their homes:
   ``flow/discarded_tokens/<cause>``, ``flow/discarded_token_fraction[/<cause>]``), including the literal parts
   of an f-string (``f"flow/discarded_tokens/{cause}"``);
 * the discarded-token causes, ``wire/flow_metrics.py``: a module that spells two or more of them
-  (``aborted``, ``removed``, ``stale``) as string constants. One alone is not the group, and is a word in
+  (``aborted``, ``removed``, ``stale``, ``takeover``) as string constants. One alone is not the group, and is a word in
   its own right elsewhere (``stale`` is also a dead-letter kind, ``aborted`` a sample status);
 * the metric prefix, ``wire/metrics_records.py``: a string constant that starts with ``rollout/``;
 * the base topic names, ``wire/topics.py``: a string constant equal to one (``rollout.turns``,

@@ -589,6 +589,7 @@ BROKEN = [
     ("turn_headers", lambda d: d | {"control": "end-of-run"}, "$"),
     ("episode_headers", lambda d: _without(d, "attempt"), "$"),
     ("episode_headers", lambda d: d | {"group_size": "0"}, "$.group_size"),
+    ("episode_headers", lambda d: d | {"takeover_tokens": "0"}, "$.takeover_tokens"),  # absent when none
     ("window_metrics", lambda d: _without(d, "closed"), "$"),
     ("window_metrics", lambda d: d | {"episodes": "3"}, "$.episodes"),
     ("window_metrics", lambda d: _nested(d, ["metrics", "episode_raw_reward"], 0.5), "$.metrics"),

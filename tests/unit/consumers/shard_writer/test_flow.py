@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from rollout_bus.model.sample import Status
-from rollout_bus.consumers.shard_writer.flow import batch_flow, episode_sent_at_ms
-from rollout_bus.wire.headers import HEADER_SENT_AT
+from rollout_bus.consumers.shard_writer.flow import batch_flow, episode_sent_at_ms, episode_takeover_tokens
+from rollout_bus.wire.flow_metrics import DISCARD_CAUSES
+from rollout_bus.wire.headers import HEADER_SENT_AT, HEADER_TAKEOVER_TOKENS
 from rollout_bus.consumers.shard_writer.batcher import Batcher
 from rollout_bus.wire.run_record import RunBatching
 from tests.unit.consumers.shard_writer.test_decide import G, batch_3, decided, episode, segment
@@ -50,9 +51,38 @@ def test_discarded_tokens_by_cause_and_their_fractions_of_every_token_decided_on
     assert flow["flow/discarded_token_fraction/stale"] == 0.25 and flow["flow/discarded_token_fraction"] == 0.75
 
 
+def taken_over(e, tokens):
+    """``e`` as the stream worker sends it after takeovers threw ``tokens`` response tokens of it away."""
+    return dataclasses.replace(e, headers=(*e.headers, (HEADER_TAKEOVER_TOKENS, str(tokens).encode())))
+
+
+def test_tokens_a_takeover_threw_away_are_discarded_and_count_among_those_generated():
+    kept = [taken_over(episode(6, 0), 5), episode(6, 1), taken_over(episode(7, 0), 2)]  # 3 response tokens each
+    stale = taken_over(episode(7, 1, version=0), 4)  # a stale episode's takeovers were spent for this batch too
+    decision = decided(batch_3(*kept, stale), max_staleness=1)
+    assert [s.episode for s in decision.batch.stale] == [stale]
+    flow = batch_flow(decision, NOW_MS)
+    assert flow["flow/discarded_tokens/takeover"] == 11.0
+    assert flow["flow/response_tokens"] == 12.0 + 11.0  # written 9 + stale 3 + thrown away by takeovers 11
+    assert flow["flow/discarded_token_fraction/takeover"] == pytest.approx(11 / 23)
+    assert flow["flow/discarded_token_fraction/stale"] == pytest.approx(3 / 23)
+    assert flow["flow/discarded_token_fraction"] == pytest.approx(14 / 23)
+    assert flow["flow/discarded_token_fraction"] == pytest.approx(
+        sum(flow[f"flow/discarded_token_fraction/{c}"] for c in DISCARD_CAUSES))
+
+
+def test_a_takeover_header_that_is_not_a_count_reads_as_none():
+    for raw in (b"x", b"-3", b"\xff"):
+        bad = dataclasses.replace(episode(6, 0), headers=((HEADER_TAKEOVER_TOKENS, raw),))
+        assert episode_takeover_tokens(bad) == 0
+    assert episode_takeover_tokens(episode(6, 0)) == 0
+
+
 def test_a_batch_that_throws_nothing_away_says_zero_not_nothing():
     flow = batch_flow(decided(batch_3(*(episode(g, r) for g in (6, 7) for r in (0, 1)))), NOW_MS)
     assert flow["flow/discarded_token_fraction"] == 0.0 and flow["flow/discarded_tokens/stale"] == 0.0
+    assert all(flow[f"flow/discarded_tokens/{c}"] == 0.0 for c in DISCARD_CAUSES)
+    assert flow["flow/discarded_tokens/takeover"] == 0.0 and flow["flow/response_tokens"] == 12.0
 
 
 def test_groups_written_short_are_counted_and_a_full_batch_counts_none():
