@@ -388,7 +388,11 @@ def test_the_dockerfile_is_slim_pinned_and_runs_as_a_non_root_user():
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-\w+$", text, re.M)
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and not users[-1].startswith(("root", "0")), users
-    assert "pip install ." in text and "download.pytorch.org/whl/cpu" in text
+    assert "download.pytorch.org/whl/cpu" in text
+    # the same locked versions as every machine's venv: the lock, with its hashes, not pyproject.toml's ranges
+    assert "COPY requirements.lock" in text and "--require-hashes --no-deps -r requirements.lock" in text
+    assert "pip install ." not in text.replace("pip install --no-deps .", "")
+    assert "!requirements.lock" in (COMPOSE.parent / ".dockerignore").read_text()
 
 
 def test_the_readme_lists_every_variable_a_service_sets():
