@@ -61,6 +61,11 @@ test: $(STAMP)
 	  { apt-get install -y -q --no-install-recommends chromium || { apt-get update -q && \
 	    apt-get install -y -q --no-install-recommends chromium; }; } >/tmp/rollout-bus-apt-chromium.log 2>&1 || \
 	  echo "chromium could not be installed (/tmp/rollout-bus-apt-chromium.log): the browser test is skipped"; }
+	@command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || { \
+	  echo "installing Debian's iptables for the packet-drop test (tests/integration/test_stream_packet_drop.py) ..."; \
+	  { apt-get install -y -q --no-install-recommends iptables || { apt-get update -q && \
+	    apt-get install -y -q --no-install-recommends iptables; }; } >/tmp/rollout-bus-apt-iptables.log 2>&1 || \
+	  echo "iptables could not be installed (/tmp/rollout-bus-apt-iptables.log): the packet-drop test is skipped"; }
 	@status=0; \
 	ROLLOUT_BUS_TEST_BOOTSTRAP_SERVERS=127.0.0.1:$(TEST_PORT) $(BIN)/pytest -ra --durations=15 $(PYTEST_ARGS) || status=$$?; \
 	$(BIN)/rollout-bus kafka stop --port $(TEST_PORT) --data-dir $(TEST_KAFKA_DIR); \
