@@ -26,6 +26,9 @@ Contract:
   the run closes it with ``rollout-bus end-run``, and the episodes sent are read from rollout.turns
   (``evidence.logged_episodes``: those with a final turn). A workload whose writer runs with
   ``--exit-on-end-of-run`` has it exit 0 at the run's end, which is no crash.
+* A stage stopped on purpose (``stop_stage``: SIGTERM, not started again) exits on its own, which is no crash.
+  A workload makes its own run (``Workload.new_run``): the prompt-fed generator group's is
+  ``prompt_workload.PromptRun`` (members fed from rollout.prompts, the run closing itself).
 * A stream worker or shard writer that exits ``EXIT_PARTITIONS_CHANGED`` (75: a topic gained partitions
   under it) is started again, as a supervisor restarts it (compose: ``restart: unless-stopped``).
 """
@@ -89,6 +92,10 @@ class Workload:
     def generator_stages(self) -> list[str]:
         """The generator stages' names: ``generate``, then ``generate-2``, ``generate-3``, ..."""
         return ["generate", *(f"generate-{i + 1}" for i in range(1, self.generators))]
+
+    def new_run(self, bootstrap: str, out: Path, **kwargs: Any) -> "ChaosRun":
+        """A run of this workload (the prompt-fed group's: ``prompt_workload.PromptRun``)."""
+        return ChaosRun(bootstrap, self, out, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,7 @@ class ChaosRun:
         self.closed_run = workload.generators == 1  # several generators: end-run once all exited 0
         self.restarts: list[str] = []  # stages started again after exiting 75
         self.killed_for_good: set[str] = set()  # stages killed and not restarted (a generator: end-run closes)
+        self.stopped: set[str] = set()  # stages stopped on purpose with SIGTERM: their exit is no crash
         self.logged: LoggedEpisodes | None = None  # what rollout.turns held once such a run was closed
 
     def _stage_args(self, name: str) -> list[str]:
@@ -219,6 +227,13 @@ class ChaosRun:
             if restart:
                 self._launch(name)
         logger.info("run=%s killed stage=%s pid=%d restarted=%s", self.run_id, name, stage.pid, restart)
+
+    def stop_stage(self, name: str) -> None:
+        """SIGTERM a stage, for good (a clean stop); it exits on its own, which is no crash."""
+        with self.lock:
+            self.stopped.add(name)
+            self.signal_stage(name, signal.SIGTERM)
+        logger.info("run=%s stopped stage=%s (SIGTERM)", self.run_id, name)
 
     def signal_stage(self, name: str, sig: int) -> None:
         with self.lock:
@@ -301,6 +316,7 @@ class ChaosRun:
     def failed_stage(self) -> str | None:
         """A stage that exited on its own (a generator with 0 has finished; 75 is restarted, see the docstring)."""
         with self.lock:
+            let_go = self.killed_for_good | self.stopped  # their exit is no crash
             for name, stage in self.stages.items():
                 code = stage.poll()
                 if code == EXIT_PARTITIONS_CHANGED and name in ("stream", "shards"):
@@ -309,7 +325,7 @@ class ChaosRun:
                     self.restarts.append(name)
                     logger.info("run=%s stage=%s exited %d (partitions changed): started again", self.run_id, name,
                                 code)
-                elif code is not None and name not in self.killed_for_good and not (code == 0 and (
+                elif code is not None and name not in let_go and not (code == 0 and (
                         name.startswith("generate") or (name == "shards" and WRITER_ENDS in self.workload.writer_args))):
                     return f"stage {name} exited with code {code}"
         return None

@@ -129,9 +129,9 @@ def _execute(name: str, workload: Workload, scenario: Scenario | None, brokers: 
     """Run one pipeline (with the scenario's fault, if any) and collect the facts."""
     target = scenario.target if scenario else "single"
     began = time.monotonic()
-    run = ChaosRun(brokers.bootstrap(target), workload, out, label=name,
-                   replication_factor=3 if target == "cluster" else 1, conn=brokers.connection(target),
-                   roles=brokers.node(target).secure if target == "secure" else None)
+    run = workload.new_run(brokers.bootstrap(target), out, label=name,
+                           replication_factor=3 if target == "cluster" else 1, conn=brokers.connection(target),
+                           roles=brokers.node(target).secure if target == "secure" else None)
     ctx = FaultContext(run, expected, brokers)
     try:
         if scenario is not None and scenario.setup is not None:

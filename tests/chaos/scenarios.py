@@ -13,6 +13,7 @@ from typing import Callable
 from tests.chaos import faults
 from tests.chaos.faults import Fault
 from tests.chaos.harness import WRITER_ENDS, ChaosRun, Signal, Workload
+from tests.chaos.prompt_workload import PromptWorkload, kill_members, prompt_run_closed, scale_members
 
 STANDARD = Workload("standard", episodes=192)
 SMALL = Workload("small", episodes=64)
@@ -26,6 +27,11 @@ LONG_EPISODE_TOKENS = 4 * 32000
 STANDARD_END = Workload("standard-end-run", episodes=192, writer_args=(WRITER_ENDS,))
 SMALL_END = Workload("small-end-run", episodes=64, writer_args=(WRITER_ENDS,))
 TWO_GENERATORS = Workload("two-generators", episodes=192, generators=2, generator_args=("--adapters", "math,code"))
+# members of the generator group fed from rollout.prompts (the packaged prompts repeated), closing the run themselves
+# (one prompt group in flight per member, 300 ms a turn: a kill lands mid-group; the one-member workload outlasts
+# the ~20 s an added member takes to start on a 2-core machine)
+PROMPTS_THREE = PromptWorkload("prompts-3-members", episodes=96 * 4, generators=3)
+PROMPTS_ONE = PromptWorkload("prompts-1-member", episodes=44 * 4, generators=1)
 
 # Recovery: the faulted stage's own output grows again (turns sent, episodes merged, batches written);
 # for a broker, cluster or record fault, the pipeline's end product: the next batch on disk.
@@ -124,6 +130,13 @@ FULL = [
              condition=faults.stage_log_says("shards", "waiting for disk space"),
              setup=SMALL_DISK_SETUP, teardown=SMALL_DISK_TEARDOWN),
     _killed_for_good(STANDARD_END, "generator-killed-end-run"),
+    Scenario("prompts-kill-member-x3", "3 members of the generator group fed from rollout.prompts: kill -9 of a member "
+             "holding a prompt group 3x, 20 s apart (sooner at 1/2, 3/4 of the groups done), a new member started "
+             "each time; the run closes itself",
+             PROMPTS_THREE, kill_members(3, 20), progress=TURNS, condition=prompt_run_closed),
+    Scenario("prompts-scale-1-3-1", "the generator group fed from rollout.prompts scaled 1 -> 3 members mid-run, then "
+             "3 -> 1 (two holding prompt groups stopped with SIGTERM, handing back); the run closes itself",
+             PROMPTS_ONE, scale_members(2, 2), progress=TURNS, condition=prompt_run_closed),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
 ]

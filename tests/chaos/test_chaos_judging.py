@@ -6,6 +6,7 @@ changed shards, an injected record missing from the DLQ or dead-lettered twice, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from rollout_bus.streams.turn_record import Rejected, TurnRecord, parse_headers,
 from tests.chaos.faults import CHAOS_ID, malformed_records
 from tests.chaos.evidence import log_excerpt
 from tests.chaos.harness import ChaosRun, Expected, Observation, RunFacts, Signal, Workload, recovery_times
+from tests.chaos.prompt_workload import PromptRun, PromptWorkload
 from tests.chaos.runner import format_table, judge
 from tests.chaos.scenarios import BY_NAME, FULL, QUICK
 
@@ -147,3 +149,40 @@ def test_log_excerpt_keeps_earlier_warnings_before_the_last_lines(tmp_path: Path
     assert excerpt == ["b WARNING rollout_bus.streams.processor: dead letter kind=gap", "...",
                        "c INFO counts 17", "c INFO counts 18", "c INFO counts 19"]
     assert log_excerpt(tmp_path / "none.log", 3, 5) == "(no log)"
+
+
+class _Exited:
+    """A stage process stand-in that has exited with ``code`` (None: still running)."""
+
+    def __init__(self, code: int | None):
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def test_a_prompt_workload_loads_distinct_prompt_groups_and_every_member_launch_is_a_new_member(tmp_path: Path):
+    workload = PromptWorkload("p", episodes=20 * 4, generators=3)
+    lines = [json.loads(line) for line in workload.prompt_lines()]
+    assert len(lines) == 20 and len({line["id"] for line in lines}) == 20
+    assert all(line["input_ids"] and line["n_samples"] == 4 for line in lines)
+    run = workload.new_run("127.0.0.1:1", tmp_path, label="p")  # starts nothing
+    assert isinstance(run, PromptRun) and run.stage_order() == ["stream", "shards", "generate", "generate-2",
+                                                                "generate-3"]
+    first, again = run._stage_args("generate"), run._stage_args("generate")  # started, then started again
+    assert "--from-prompts" in first and first[first.index("--member-id") + 1] == "m1"
+    assert again[again.index("--member-id") + 1] == "m2" and run.member_of["generate"] == "m2"
+    assert first[first.index("--summary-out") + 1] != again[again.index("--summary-out") + 1]
+
+
+def test_a_member_stopped_on_purpose_may_exit_143_and_is_done_only_with_its_summary(tmp_path: Path):
+    run = PromptWorkload("p", episodes=8, generators=1).new_run("127.0.0.1:1", tmp_path, label="p")
+    run._stage_args("generate")
+    run.stages = {"stream": _Exited(None), "shards": _Exited(None), "generate": _Exited(143)}
+    assert run.failed_stage() == "stage generate exited with code 143" and not run.members_done()
+    run.stopped.add("generate")
+    assert run.failed_stage() is None and not run.members_done()  # no summary yet
+    run.summary_of("m1").write_text(json.dumps({"episodes": [["k", 0]]}))
+    assert run.members_done() and run.sent() == [("k", 0)]
+    run.stages["generate"] = _Exited(1)
+    assert not run.members_done()  # stopped, yet it did not exit as a stopped one (the fault names its code)
