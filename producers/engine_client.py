@@ -7,7 +7,8 @@ client that does all of it, on the standard library's HTTP (no new dependency).
 Contract:
 
 * ``EngineClient(base_url, timeout_s=120)``: ``post(path, body)`` sends JSON and returns the parsed answer;
-  an HTTP error status is an ``EngineError`` naming the URL, the status and the engine's message; no answer
+  an HTTP error status is an ``EngineError`` naming the URL, the status and the engine's message (4xx: an
+  ``EngineRefused``, the request itself is wrong); no answer
   (refused, cut mid-response, timed out, not JSON) is an ``EngineError`` saying so. ``generate(input_ids,
   sampling_params)`` posts ``engine_request.generate_request``; ``chat(model, messages, sampling_params)``
   posts ``engine_request.chat_request``. Both check the sampling params first (``ConfigError``, nothing sent).
@@ -27,7 +28,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollout_bus.errors import EngineError
+from rollout_bus.errors import EngineError, EngineRefused
 from rollout_bus.model.sample import Sample
 from rollout_bus.producers.engine_adapter import turn_from_engine_response
 from rollout_bus.producers.engine_request import chat_request, generate_request
@@ -47,7 +48,8 @@ class EngineClient:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
-            raise EngineError(f"{url} answered {exc.code}: {_message(exc.read())}") from exc
+            text = f"{url} answered {exc.code}: {_message(exc.read())}"
+            raise (EngineRefused(text, exc.code) if 400 <= exc.code < 500 else EngineError(text)) from exc
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise EngineError(f"{url} did not answer ({type(exc).__name__}: {reason}): nothing published "

@@ -8,9 +8,12 @@ group, with the user's environment and reward (``plugins``) for multi-turn episo
 Contract:
 
 * ``HttpPromptEngine(engine_url, *, sampling=None, env_factory=None, reward_fn=None, reward_key="reward",
-  max_turns=3, timeout_s=120, adapter_slots=None)``; ``turns(prompt)`` yields ``(sample, publish_turn kwargs)``
-  for the ``n_samples`` episodes of ``prompt``, one after another (episode j's turns, then j + 1's): group
-  ``prompt.group_index``, index and rollout id ``group_index * n_samples + j``, attempt 0, ``group_size``
+  max_turns=3, timeout_s=120, adapter_slots=None, sample_retries=2)``: ``engine_url`` one URL or several
+  (``producers.engine_pool.EnginePool``: a call to an engine that dies goes to the next one, a 4xx goes nowhere
+  else); ``turns(prompt)`` yields ``(sample, publish_turn kwargs)`` for the ``n_samples`` episodes of ``prompt``,
+  one after another (episode j's turns, then j + 1's), each episode's final turn held back until every sample of
+  the group is made (so a group that fails leaves no short group behind): group ``prompt.group_index``, index
+  and rollout id ``group_index * n_samples + j``, attempt 0 (a retry's: 1, 2, ...), ``group_size``
   ``n_samples``; every turn carries ``metadata["prompt_id"]`` over the prompt's metadata, the label when it is a
   string (another label in ``metadata["label"]``), ``prompt.text`` as its prompt, and the adapter
   (``AdapterRef(name, adapter_slots.get(name, 0))``; the request asks SGLang for it as ``lora_path``).
@@ -24,29 +27,37 @@ Contract:
   (truncated: it is the final one). Without one an episode is one turn.
 * The final turn carries the reward: ``reward_fn(merged episode)`` when given (``plugins.RewardPlugin``);
   else none (None: the trainer leaves it out of its reward statistics). Never a made-up number.
-* Failures raise, so the member fails that delivery (delivered again, then dead-lettered with the reason): the
-  engine's error or silence (``EngineError``), an answer that breaks the contract (``ContractError``), an
-  aborted call (``EngineError``: its turn cannot be continued here), an environment or reward function that
-  raises or answers outside its protocol (``PluginFailed``, naming the plug-in and the episode).
+* Group-aware recovery: a sample whose engine call fails (no answer, 5xx, every engine of the pool; or an aborted
+  call: its turn cannot be continued here) is made again alone, as the next attempt of its rollout key (the
+  stream supersedes what the failed attempt sent), its siblings kept; after ``sample_retries`` retries it is a
+  ``SampleFailed`` naming it, and the member fails the prompt group at once (dead-lettered ``failed_prompt``,
+  never a placeholder reward, never a short group). An ``EngineRefused`` (4xx: the request is wrong, another try
+  would be refused too) also fails the group at once.
+* Other failures raise, so the member fails that delivery (delivered again, then dead-lettered with the reason):
+  an answer that breaks the contract (``ContractError``), an environment or reward function that raises or
+  answers outside its protocol (``PluginFailed``, naming the plug-in and the episode).
   Thread-safe: each call opens its own connection; episodes share nothing.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from rollout_bus.errors import EngineError
+from rollout_bus.errors import EngineError, EngineRefused, SampleFailed
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.producers.engine_adapter import turn_from_engine_response
-from rollout_bus.producers.engine_client import EngineClient
+from rollout_bus.producers.engine_pool import EnginePool
 from rollout_bus.producers.engine_request import check_sampling_params, generate_request
 from rollout_bus.producers.plugins import DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name
 from rollout_bus.wire.prompt_record import PromptGroup
 
 DEFAULT_MAX_TURNS = 3
+DEFAULT_SAMPLE_RETRIES = 2
+logger = logging.getLogger(__name__)
 
 
 def merged_episode(turns: list[Sample]) -> Sample:
@@ -57,25 +68,44 @@ def merged_episode(turns: list[Sample]) -> Sample:
 class HttpPromptEngine:
     """Prompt groups made on an SGLang server or router (see the module docstring)."""
 
-    def __init__(self, engine_url: str, *, sampling: Mapping[str, Any] | None = None,
+    def __init__(self, engine_url: str | Sequence[str], *, sampling: Mapping[str, Any] | None = None,
                  env_factory: EnvPlugin | Callable[[PromptGroup, int], Any] | None = None,
                  reward_fn: RewardPlugin | Callable[[Sample], Any] | None = None,
                  reward_key: str = DEFAULT_REWARD_KEY, max_turns: int = DEFAULT_MAX_TURNS, timeout_s: float = 120.0,
-                 adapter_slots: Mapping[str, int] | None = None) -> None:
+                 adapter_slots: Mapping[str, int] | None = None, sample_retries: int = DEFAULT_SAMPLE_RETRIES) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1 (got {max_turns})")
-        self.client = EngineClient(engine_url, timeout_s=timeout_s)
+        self.client = EnginePool(engine_url, timeout_s=timeout_s)
         self.sampling = dict(sampling or {})
         self.env = EnvPlugin.of(env_factory) if env_factory is not None else None
         self.reward = RewardPlugin.of(reward_fn, reward_key) if reward_fn is not None else None
         self.max_turns = max_turns
+        self.sample_retries = int(sample_retries)
         self.adapter_slots = dict(adapter_slots or {})
 
     def turns(self, prompt: PromptGroup) -> Iterator[tuple[Sample, dict]]:
         params = {**self.sampling, **prompt.sampling}
         check_sampling_params(params)  # a refusal fails the delivery before anything is sent
+        finals: list[tuple[Sample, dict]] = []  # sent once every sample of the group is made: never a short group
         for j in range(prompt.n_samples):
-            yield from self._episode(prompt, j, params)
+            for attempt in range(self.sample_retries + 1):
+                try:
+                    for sample, args in self._episode(prompt, j, params, attempt):
+                        if args["final"]:
+                            finals.append((sample, args))
+                        else:
+                            yield sample, args
+                    break
+                except EngineRefused:
+                    raise
+                except EngineError as exc:
+                    if attempt == self.sample_retries:
+                        raise SampleFailed(f"{episode_name(prompt, j)}: its engine calls failed on each of its "
+                                           f"{attempt + 1} tries (last: {exc}); its siblings were made, the prompt "
+                                           "group is failed") from exc
+                    logger.warning("%s: engine call failed (%s): re-sampled alone as attempt %d, its siblings kept",
+                                   episode_name(prompt, j), exc, attempt + 1)
+        yield from finals
 
     def _template(self, prompt: PromptGroup, j: int) -> Sample:
         index = prompt.group_index * prompt.n_samples + j
@@ -93,7 +123,8 @@ class HttpPromptEngine:
             body["lora_path"] = prompt.adapter
         return self.client.post("/generate", body)
 
-    def _episode(self, prompt: PromptGroup, j: int, params: Mapping[str, Any]) -> Iterator[tuple[Sample, dict]]:
+    def _episode(self, prompt: PromptGroup, j: int, params: Mapping[str, Any],
+                 attempt: int = 0) -> Iterator[tuple[Sample, dict]]:
         episode = episode_name(prompt, j)
         template = self._template(prompt, j)
         env = self.env.open(prompt, j) if self.env is not None else None
@@ -102,7 +133,7 @@ class HttpPromptEngine:
             response = self._call(context, params, prompt)
             sample = turn_from_engine_response(response, context_tokens=context, template=template)
             if sample.status is Status.ABORTED:
-                raise EngineError(f"{self.client.base_url}/generate aborted turn {turn} of {episode}: the episode "
+                raise EngineError(f"{self.client.base_url}/generate aborted turn {turn} of {episode}: the sample "
                                   "is made again")
             turns.append(sample)
             observation = None
@@ -111,7 +142,7 @@ class HttpPromptEngine:
             final = observation is None
             if final and self.reward is not None:
                 self.reward.apply(sample, merged_episode(turns), episode)
-            yield sample, {"turn": turn, "attempt": 0, "final": final, "group_size": prompt.n_samples}
+            yield sample, {"turn": turn, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
             if final:
                 return
             context = [int(t) for t in sample.tokens] + observation

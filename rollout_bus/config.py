@@ -156,7 +156,7 @@ class GenerateSettings(BatchingSettings):
     # "http" (with ``from_prompts``): a real engine, SGLang's native /generate at ``engine_url`` with
     # return_sampling_mask; ``engine_timeout_s`` per call
     engine: Literal["sim", "policy", "http"] = "sim"
-    engine_url: str = ""
+    engine_url: str = ""  # one URL, or several comma-separated: a pool (``producers.engine_pool``)
     engine_timeout_s: float = Field(120.0, gt=0)
     # the prompt-fed generator's plug-ins (rollout_bus.producers.plugins), "module:attr": ``env_factory`` makes
     # multi-turn episodes (--engine http), ``reward_fn`` scores finished ones (a dict answer: its ``reward_key``)

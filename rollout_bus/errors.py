@@ -19,6 +19,8 @@ says "raises ValueError") catch them unchanged::
     ├── FeedTimeoutError (TimeoutError) waited too long for the bus (a trainer's next batch, a weight version)
     │   └── NoUsableWeights             no verified checkpoint to generate from within the generator's wait
     ├── EngineError                     an inference engine refused a request, or died answering it
+    │   ├── EngineRefused               it answered 4xx: the request itself is wrong, never retried elsewhere
+    │   └── SampleFailed                one sample's engine calls failed on every try: its prompt group fails
     └── DiskFullError (OSError)         no space left for a file (path, bytes needed, bytes free): waited out
 
 Two classes live beside their one user instead: ``WriterLockedError`` (a ``ConfigError``: another
@@ -113,6 +115,20 @@ def must_be(name: str, expected: str, value: Any, *, where: str | None = None) -
 class EngineError(RolloutBusError):
     """An inference engine answered a request with an error (its status and message), or never answered
     (connection refused or cut, timeout): nothing was published for that call."""
+
+
+class EngineRefused(EngineError):
+    """The engine answered 4xx: the request is wrong (sampling params, context length, an unknown adapter), so
+    another engine would refuse it too: ``status`` and the engine's message."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SampleFailed(EngineError):
+    """One sample of a prompt group could not be made: its engine calls failed on each of its tries (the
+    siblings were made). The prompt group fails at once, named, rather than be delivered again whole."""
 
 
 class DiskFullError(RolloutBusError, OSError):

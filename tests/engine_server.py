@@ -4,7 +4,8 @@
 free port (``url``): a request without ``return_sampling_mask`` or whose sampling params truncate nothing gets
 SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer), and
 so does each of the next ``count`` requests after ``die_next(count)``; anything else gets the fixture
-(``generate_mask_only`` / ``chat_completion``). ``requests`` keeps every body.
+(``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set. ``requests`` keeps every
+body.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("return_sampling_mask") or untruncated:
             return self._answer(400, fixture("error_400_untruncated"))
         name = "chat_completion" if self.path == "/v1/chat/completions" else "generate_mask_only"
-        return self._answer(200, self.server.answers.get(self.path) or fixture(name))
+        doc, status = self.server.answers.get(self.path) or (fixture(name), 200)
+        return self._answer(status, doc)
 
     def _answer(self, status: int, doc: dict) -> None:
         raw = json.dumps(doc).encode()
@@ -71,9 +73,9 @@ class FixtureEngine:
     def requests(self) -> list:
         return self.server.requests
 
-    def answer(self, path: str, doc: dict) -> None:
-        """Answer ``path`` with ``doc`` from now on."""
-        self.server.answers[path] = doc
+    def answer(self, path: str, doc: dict, status: int = 200) -> None:
+        """Answer ``path`` with ``doc`` (and ``status``) from now on."""
+        self.server.answers[path] = (doc, status)
 
     def die_next(self, count: int = 1) -> None:
         """The next ``count`` requests die mid-request (the connection closed, no answer)."""

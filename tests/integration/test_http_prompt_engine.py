@@ -1,7 +1,7 @@
 """`rollout-bus generate --from-prompts --engine http` on the real broker, against a local server in SGLang's
 shapes: multi-turn episodes through an environment plug-in, scored by a reward plug-in; a prompt whose reward
-raises is failed after its deliveries and dead-lettered with the plug-in named; an engine that dies mid-request
-fails that delivery and the next one completes the prompt group."""
+raises is failed after its deliveries and dead-lettered with the plug-in named; a sample whose engine dies on
+every try fails its prompt group at once (named, no delivery again) while the other groups are done."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.prompt_record import PromptGroup
 from rollout_bus.wire.topics import Topics
-from tests.engine_server import FixtureEngine, fixture
+from tests.engine_server import DIE, FixtureEngine, fixture
 from tests.integration.prompt_group_harness import Member, ledger_counts, put_prompts, synthetic_prompts
 
 pytestmark = pytest.mark.kafka
@@ -83,16 +83,22 @@ def test_multi_turn_episodes_are_made_scored_and_a_prompt_whose_reward_raises_is
         [(0, False, 1), (0, False, 2)]  # its first turn went out each delivery; no final turn, no reward
 
 
-def test_an_engine_that_dies_mid_request_fails_that_delivery_and_the_next_one_completes_it(
+def test_a_sample_whose_engine_always_dies_fails_its_prompt_group_at_once_and_the_others_are_done(
         kafka_bootstrap, client_kwargs, run_topics, tmp_path):
-    put_prompts(client_kwargs, run_topics, synthetic_prompts(3, SAMPLES))
+    dying = PromptGroup("q-dies", 3, DIE, SAMPLES)  # the engine dies on this context, every time
+    put_prompts(client_kwargs, run_topics, synthetic_prompts(3, SAMPLES) + [dying])
     with FixtureEngine() as engine:
-        engine.die_next(1)  # the first request's connection is closed with no answer
         member = http_member(kafka_bootstrap, run_topics, tmp_path, engine, "--concurrency", "1")
         assert member.wait(180) == 0, member.log()[-3000:]
-        assert len(engine.requests) == 3 * SAMPLES + 1
-    assert ledger_counts(client_kwargs, run_topics) == {"loaded": 3, "done": 3, "failed": 0, "in_flight": 0,
-                                                       "redelivered": 1}
+        assert sum(body.get("input_ids") == DIE for _, body in engine.requests) == 3  # a try and two retries
+    assert ledger_counts(client_kwargs, run_topics) == {"loaded": 4, "done": 3, "failed": 1, "in_flight": 0,
+                                                       "redelivered": 0}  # failed at once: no delivery again
+    [letter] = [d for d in (DeadLetter.from_record(r.key, r.value, r.headers) for r in read(client_kwargs,
+                                                                                           run_topics.dlq))
+                if d.kind == "failed_prompt"]
+    assert letter.key == b"q-dies" and "failed at delivery 1: SampleFailed: episode 0 of prompt group q-dies" in \
+        " ".join(letter.reason.split()) and "each of its 3 tries" in letter.reason
     log = " ".join(member.log().split())
-    assert "delivery 1 failed: EngineError:" in log and "did not answer" in log
+    assert "re-sampled alone as attempt 1, its siblings kept" in log
     assert "no --reward-fn: episodes carry no reward" in log
+    assert not [r for r in read(client_kwargs, run_topics.turns) if r.key and b"q-dies" in bytes(r.value or b"")]

@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from rollout_bus.errors import ConfigError, EngineError
+from rollout_bus.errors import ConfigError, EngineRefused, SampleFailed
 from rollout_bus.model.sample import AdapterRef, Status
 from rollout_bus.model.turns import merge_samples
 from rollout_bus.producers.http_prompt_engine import HttpPromptEngine
@@ -63,9 +63,10 @@ def test_an_environment_makes_multi_turn_episodes_and_the_reward_scores_the_merg
     made = HttpPromptEngine(engine.url, sampling=DEFAULTS, env_factory=load_env("tests.prompt_plugins:two_turns"),
                             reward_fn=load_reward("tests.prompt_plugins:response_length"), max_turns=4)
     turns = list(made.turns(PROMPT))
-    assert [(s.index, a["turn"], a["final"]) for s, a in turns] == [(6, 0, False), (6, 1, True), (7, 0, False),
+    # the finals held back until every sample of the group is made
+    assert [(s.index, a["turn"], a["final"]) for s, a in turns] == [(6, 0, False), (7, 0, False), (6, 1, True),
                                                                        (7, 1, True)]
-    first, last = turns[0][0], turns[1][0]
+    first, last = turns[0][0], turns[2][0]
     observation = [*prompt_plugins.OBSERVATION, 1]
     assert list(last.tokens) == [5, 6, 7, *OUTPUT, *observation, *OUTPUT]  # the observation is the next context
     assert engine.requests[1][1]["input_ids"] == [5, 6, 7, *OUTPUT, *observation]
@@ -99,15 +100,33 @@ def test_a_request_the_trainer_could_not_replay_fails_before_anything_is_sent(en
     assert engine.requests == []
 
 
-def test_an_engine_that_dies_mid_request_or_aborts_fails_the_delivery_and_the_next_one_completes(engine):
+def test_a_sample_whose_engine_dies_or_aborts_is_made_again_alone_and_its_siblings_kept(engine, caplog):
     made = HttpPromptEngine(engine.url, sampling=DEFAULTS, timeout_s=10)
-    engine.die_next(1)
-    with pytest.raises(EngineError, match="did not answer"):
-        list(made.turns(PROMPT))
-    assert len(list(made.turns(PROMPT))) == 2  # delivered again: the engine answers
+    engine.die_next(1)  # sample 0's first call
+    sent = [(s.index, a["attempt"], a["final"]) for s, a in made.turns(PROMPT)]
+    assert sent == [(6, 1, True), (7, 0, True)] and len(engine.requests) == 3
+    assert "episode 0 of prompt group p-7" in caplog.text and "re-sampled alone as attempt 1" in caplog.text
+    engine.die_next(2)  # sample 0 fails twice, then is made
+    assert [(s.index, a["attempt"]) for s, a in made.turns(PROMPT)] == [(6, 2), (7, 0)]
+
+
+def test_a_sample_that_fails_every_try_fails_the_group_and_sends_no_final(engine):
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, timeout_s=10, sample_retries=1)
     engine.answer("/generate", fixture("generate_aborted_empty"))
-    with pytest.raises(EngineError, match="aborted turn 0 of episode 0 of prompt group p-7"):
+    sent = []
+    with pytest.raises(SampleFailed, match=r"episode 0 of prompt group p-7 .*failed on each of its 2 tries \(last: "
+                                           r".*aborted turn 0"):
+        for sample, args in made.turns(PROMPT):
+            sent.append(args)
+    assert sent == [] and len(engine.requests) == 2
+
+
+def test_a_4xx_fails_the_group_at_once(engine):
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, timeout_s=10)
+    engine.answer("/generate", fixture("error_400_untruncated"), status=400)
+    with pytest.raises(EngineRefused, match=r"answered 400") as refused:
         list(made.turns(PROMPT))
+    assert refused.value.status == 400 and len(engine.requests) == 1  # not retried: the request is wrong
 
 
 @pytest.mark.parametrize("plugins, message", [
