@@ -43,10 +43,10 @@ DEMO_SOURCE ?= --from-prompts
 demo: $(STAMP)
 	$(BIN)/rollout-bus demo $(DEMO_SOURCE) $(DEMO_ARGS)
 
-# The loop closed with a real policy: the generator samples from it, `rollout-bus train` trains it on the shards and
+# The loop closed with a real policy, its calculator prompts on the bus (rollout.prompts) as a user's: two generators sample from it, `rollout-bus train` trains it on the shards and
 # ships every version back; a reward table, learn.json and the plots; exit 1 unless the reward rose (about 2 minutes).
 learn: $(STAMP)
-	$(BIN)/rollout-bus demo --learn $(DEMO_ARGS)
+	$(BIN)/rollout-bus demo --learn $(DEMO_SOURCE) $(DEMO_ARGS)
 
 # The suite's broker is the project's own (rollout-bus kafka start), fresh every run, stopped also on failure.
 # Debian's chromium is installed (as root, when missing) for the report's browser test. Then the alert rules

@@ -19,8 +19,10 @@ Contract:
   waits) on rollout.metrics as it goes and once more, final, at the end. It returns the
   ``GenerateSummary`` and the seconds since it began; the watcher and the flow reporter are closed
   whatever happens.
-* ``run_prompt_generator(client_kwargs, topics, options, member, make_turns, hooks=...)``: the same around one
-  member of the generators' group on rollout.prompts (``prompt_member.run_member``), stopped by ``hooks.stop``.
+* ``run_prompt_generator(client_kwargs, topics, options, member, make_turns, open_watcher=None, hooks=...)``: the
+  same around one member of the generators' group on rollout.prompts (``prompt_member.run_member``), stopped by
+  ``hooks.stop``; with a staleness bound the member holds back the prompt groups the gate does not admit yet
+  (its flow's gate keys: the time a worker slot was free while one was held, and how many were).
 * ``GeneratorHooks`` is what the caller is told (each optional): ``progress`` after every turn and once at
   the end, ``broker_wait`` and ``gate_wait`` while the publisher waits for the broker or the gate for the
   trainer (``None`` once it is over), ``following(live)`` when it starts following the weights; ``stop()``
@@ -118,23 +120,36 @@ def run_generator(client_kwargs: Mapping[str, Any], topics: Topics, options: Gen
 
 
 def run_prompt_generator(client_kwargs: Mapping[str, Any], topics: Topics, options: GeneratorOptions,
-                         member: MemberOptions, make_turns: MakeTurns, *, hooks: GeneratorHooks = GeneratorHooks(),
+                         member: MemberOptions, make_turns: MakeTurns, *, open_watcher: OpenWatcher | None = None,
+                         hooks: GeneratorHooks = GeneratorHooks(),
                          on_prompt_group: Callable[[MemberSummary], None] | None = None) -> tuple[MemberSummary, float]:
     """One member of the generators' group on rollout.prompts (``rollout_bus.producers.prompt_member``), with the
-    publisher and the flow records every generator has; (summary, seconds)."""
+    publisher and the flow records every generator has, and with a staleness bound its gate (on a watcher of its
+    own, ``open_watcher``: the member's loop asks it, never the engine's threads); (summary, seconds)."""
     kwargs = dict(client_kwargs)
     began = time.monotonic()
+    follows = options.run_batching.max_staleness is not None and open_watcher is not None
+    watcher = open_watcher(kwargs, topics, initial=options.policy_version) if follows else None
     flow = FlowReporter(kwargs, topics, STAGE_GENERATOR, options.generator_id)
+
+    def progress(summary: MemberSummary) -> None:
+        if on_prompt_group is not None:
+            on_prompt_group(summary)
+        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s))
+
     try:
+        gate = _gate(watcher, options.run_batching, hooks)
         bootstrap = kwargs.pop("bootstrap_servers")
         with TurnPublisher(bootstrap, topic=topics.turns, max_record_bytes=options.max_record_bytes,
                            delivery_timeout_s=options.delivery_timeout_s, on_wait=hooks.broker_wait,
                            generator=options.generator_id, **kwargs) as publisher:
             summary = run_member(client_kwargs, topics, member, make_turns, publisher,
-                                 stop=hooks.stop or (lambda: False), progress=on_prompt_group)
-        flow.report(generator_flow(0.0, 0, flow.elapsed_s), final=True)
+                                 stop=hooks.stop or (lambda: False), progress=progress, gate=gate)
+        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s), final=True)
     finally:
         flow.close()
+        if watcher is not None:
+            watcher.close()
     return summary, time.monotonic() - began
 
 

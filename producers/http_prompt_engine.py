@@ -41,28 +41,22 @@ Contract:
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rollout_bus.errors import EngineError, EngineRefused, SampleFailed
 from rollout_bus.model.sample import AdapterRef, Sample, Status
-from rollout_bus.model.turns import merge_samples
 from rollout_bus.producers.engine_adapter import turn_from_engine_response
 from rollout_bus.producers.engine_pool import EnginePool
 from rollout_bus.producers.engine_request import check_sampling_params, generate_request
-from rollout_bus.producers.plugins import DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name
+from rollout_bus.producers.plugins import (DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name,
+                                          episode_so_far)
 from rollout_bus.wire.prompt_record import PromptGroup
 
 DEFAULT_MAX_TURNS = 3
 DEFAULT_SAMPLE_RETRIES = 2
 logger = logging.getLogger(__name__)
-
-
-def merged_episode(turns: list[Sample]) -> Sample:
-    """The episode so far as one sample (the turns merged; a copy, so a plug-in cannot change what is sent)."""
-    return copy.deepcopy(merge_samples(turns)[-1])
 
 
 class HttpPromptEngine:
@@ -138,10 +132,10 @@ class HttpPromptEngine:
             turns.append(sample)
             observation = None
             if env is not None and turn + 1 < self.max_turns and sample.status is Status.COMPLETED:
-                observation = env.step(merged_episode(turns))
+                observation = env.step(episode_so_far(turns))
             final = observation is None
             if final and self.reward is not None:
-                self.reward.apply(sample, merged_episode(turns), episode)
+                self.reward.apply(sample, episode_so_far(turns), episode)
             yield sample, {"turn": turn, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
             if final:
                 return

@@ -11,6 +11,8 @@ Contract:
   path is a ``ConfigError``, one line naming ``flag``: no colon (or an empty side), the module not importable
   (and why), the attribute missing, or not callable. ``load_env(path)`` and ``load_reward(path, reward_key)``
   wrap it for ``--env`` and ``--reward-fn``.
+* ``episode_so_far(turns)`` -> the episode's turns merged into one sample, a copy: what ``step`` and the reward
+  function are given, so a plug-in cannot change what is sent.
 * The environment protocol: ``factory(prompt: PromptGroup, sample_index: int)`` -> an env object, one per
   episode (``sample_index`` is ``j`` in ``0..n_samples-1``), with ``step(sample: Sample) -> list[int] | None``:
   ``sample`` is the episode so far (its turns merged: the prompt, each response, the observations between them);
@@ -29,6 +31,7 @@ Contract:
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ import numpy as np
 
 from rollout_bus.errors import ConfigError, RolloutBusError
 from rollout_bus.model.sample import Sample, reward_number
+from rollout_bus.model.turns import merge_samples
 from rollout_bus.wire.compact_json import compact_json
 from rollout_bus.wire.prompt_record import PromptGroup
 
@@ -52,6 +56,11 @@ def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def episode_so_far(turns: list[Sample]) -> Sample:
+    """The episode so far as one sample: its turns merged, copied (a plug-in cannot change what is sent)."""
+    return copy.deepcopy(merge_samples(turns)[-1])
 
 
 def episode_name(prompt: PromptGroup, sample_index: int) -> str:

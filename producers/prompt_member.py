@@ -9,14 +9,15 @@ partitions, not the others': with more partitions than members the work spreads.
 
 Contract:
 
-* ``run_member(conn, topics, options, make_turns, publisher, stop=...)`` subscribes to rollout.prompts in group
-  ``Topics.group(GENERATORS_GROUP)`` and runs up to ``options.concurrency`` prompt groups at once, each on a
-  worker thread: ``make_turns(prompt)`` yields ``(sample, publish_turn kwargs)`` and every turn is sent with the
+* ``run_member(conn, topics, options, make_turns, publisher, stop=..., progress=None, gate=None)`` subscribes to
+  rollout.prompts in group ``Topics.group(GENERATORS_GROUP)`` and runs up to ``options.concurrency`` prompt groups
+  at once, each on a worker thread: ``make_turns(prompt)`` yields ``(sample, publish_turn kwargs)`` and every turn is sent with the
   prompt group's delivery in its ``delivery`` header.
 * Before a prompt group starts, the ledger is caught up: a group already ``done`` or ``failed`` is passed over;
   one whose deliveries reached ``options.max_deliveries`` is ``failed`` (and dead-lettered, ``failed_prompt``,
   with the prompt record and why); else a ``claimed`` event with the next delivery is acknowledged first. An
-  engine that raises makes the next delivery at once, until the limit.
+  engine that raises makes the next delivery at once, until the limit; one that raises ``EngineRefused`` (the
+  request is wrong) or ``SampleFailed`` (one sample failed on every try) fails the prompt group at once.
 * A prompt group is over when every one of its turns is acknowledged: the member checks it still belongs to the
   group (a commit of the offsets below it must succeed: a zombie back from SIGSTOP fails here and writes
   nothing), writes ``done``, then commits past it. Offsets are committed per partition up to the first prompt
@@ -26,6 +27,12 @@ Contract:
   never written done (a member that was out of the group, a zombie, finds out so, or by a refused commit).
   ``stop()`` true (SIGTERM) gives what is in flight ``options.drain_s`` to finish, hands back the rest, and
   leaves the group, so the others take its partitions at once.
+* With a staleness bound (``gate``, a ``producers.staleness_gate.StalenessGate``), a prompt group whose batch may
+  not start yet under the live weights is held, not started: it takes no worker slot, nothing is claimed, and its
+  partition is read no further (group indices grow with the offset in a partition: what follows it would wait
+  too), so lower groups on other partitions go on and the trainer always gets the groups it waits for. A held
+  group starts once ``gate.held`` lets it (a worker slot free); its offset is the partition's commit limit
+  meanwhile. ``MemberSummary.gate_held_s`` is the time a worker slot was free while a group was held.
 * Once the ledger says every loaded prompt group is done or failed (``PromptLedger.all_ended``) and nothing is
   in flight here, the member closes the run (``publisher.publish_end_of_run(options.run_id)``: every member that
   sees it sends the same run's markers, which the stages count once) and returns its ``MemberSummary``.
@@ -37,15 +44,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_bus.errors import BrokerError, ContractError
+from rollout_bus.errors import BrokerError, ContractError, EngineRefused, SampleFailed
 from rollout_bus.kafka.acls import GENERATORS_GROUP
 from rollout_bus.kafka.clients import (ConsumerRebalanceListener, CooperativeStickyAssignor, KafkaError,
-                                       KafkaTimeoutError, OffsetAndMetadata, RebalanceInProgressError, TopicPartition, new_consumer,
-                                       wait_for_partitions)
+                                       KafkaTimeoutError, OffsetAndMetadata, RebalanceInProgressError, TopicPartition,
+                                       new_consumer, wait_for_partitions)
 from rollout_bus.kafka.prompt_ledger import LedgerLog
 from rollout_bus.model.sample import Sample
 from rollout_bus.wire.dead_letter import DeadLetter, DlqKind, DlqStage, source_of
@@ -57,8 +64,9 @@ logger = logging.getLogger(__name__)
 
 MakeTurns = Callable[[PromptGroup], Iterator[tuple[Sample, dict]]]
 POLL_MS = 200
-IDLE_CHECK_S = 1.0
-COMMIT_TIMEOUT_MS = 30_000  # kafka-python 3 was seen to block in a commit without one (its IO thread idle)  # how often an idle member looks whether the run is over
+IDLE_CHECK_S = 1.0  # how often an idle member looks whether the run is over
+COMMIT_TIMEOUT_MS = 30_000  # kafka-python 3 was seen to block in a commit without one (its IO thread idle)
+REJOIN_AFTER_S = 20.0  # a rebalance unfinished this long (commits deferred all along): leave and join again
 
 
 class HandedBack(Exception):
@@ -87,13 +95,16 @@ class MemberSummary:
     handed_back: int = 0
     passed_over: int = 0
     redelivered: int = 0  # prompt groups it took at a delivery above 1
+    gate_waits: int = 0  # prompt groups held back by the staleness bound before they started
+    gate_held_s: float = 0.0  # seconds a worker slot was free while a prompt group was held back
     episodes: list[tuple[str, int]] = field(default_factory=list)
     turns_sent: int = 0
     closed_run: bool = False
 
     def to_json(self) -> dict:
         return {"done": self.done, "failed": self.failed, "handed_back": self.handed_back,
-                "passed_over": self.passed_over, "redelivered": self.redelivered,
+                "passed_over": self.passed_over, "redelivered": self.redelivered, "gate_waits": self.gate_waits,
+                "gate_held_s": round(self.gate_held_s, 3),
                 "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent, "closed_run": self.closed_run,
                 "episodes": [[key, attempt] for key, attempt in self.episodes]}  # (rollout key, attempt) of each
 
@@ -108,30 +119,45 @@ class _Task:
     future: Future | None = None
 
 
+@dataclass
+class _Held:
+    """A prompt group the staleness bound keeps from starting: its partition is read no further meanwhile."""
+
+    prompt: PromptGroup
+    record: Any
+    epoch: int
+    since: float
+    said: bool = False
+
+
 class _Member:
     def __init__(self, conn: Mapping[str, Any], topics: Topics, options: MemberOptions, make_turns: MakeTurns,
-                 publisher: Any, stop: Callable[[], bool], progress: Callable[[MemberSummary], None] | None) -> None:
+                 publisher: Any, stop: Callable[[], bool], progress: Callable[[MemberSummary], None] | None,
+                 gate: Any = None) -> None:
         self.topics, self.options, self.make_turns, self.publisher = topics, options, make_turns, publisher
-        self.stop, self.progress = stop, progress
+        self.stop, self.progress, self.gate = stop, progress, gate
+        self.held: dict[int, _Held] = {}  # partition -> the prompt group the staleness bound holds back there
         self.summary = MemberSummary()
         self.tasks: dict[tuple[int, int], _Task] = {}  # (partition, offset) -> prompt group in flight
         self.next_offset: dict[int, tuple[int, int]] = {}  # partition -> (its epoch, the offset after the last taken)
         self.epochs: dict[int, int] = {}  # partition -> how many times it was revoked or lost (IO thread writes)
         self.lock = threading.Lock()  # the tasks and epochs, shared with the consumer's IO thread: held briefly
         self.send_lock = threading.Lock()  # the publisher, shared by the worker threads
-        self.closing = False
         self.ledger = LedgerLog(conn, topics, client_id=f"{options.generator_id}-ledger")
         self.pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="prompt-group")
-        self.consumer = new_consumer(
-            conn, group_id=topics.group(GENERATORS_GROUP), client_id=options.generator_id,
-            auto_offset_reset="earliest", session_timeout_ms=options.session_timeout_ms,
-            heartbeat_interval_ms=options.heartbeat_interval_ms, max_poll_records=options.concurrency,
-            partition_assignment_strategy=(CooperativeStickyAssignor,),
-            max_poll_interval_ms=options.max_poll_interval_ms)
+        self.conn = conn
+        self.deferred_since: float | None = None  # when commits began to be deferred (a rebalance under way)
+        self.consumer = self._new_consumer()
 
-    # -- the loop -------------------------------------------------------------------------------------------
+    def _new_consumer(self) -> Any:
+        o = self.options
+        return new_consumer(
+            self.conn, group_id=self.topics.group(GENERATORS_GROUP), client_id=o.generator_id,
+            auto_offset_reset="earliest", session_timeout_ms=o.session_timeout_ms,
+            heartbeat_interval_ms=o.heartbeat_interval_ms, max_poll_records=o.concurrency,
+            partition_assignment_strategy=(CooperativeStickyAssignor,), max_poll_interval_ms=o.max_poll_interval_ms)
 
-    def run(self) -> MemberSummary:
+    def _subscribe(self) -> None:
         member = self
 
         class Listener(ConsumerRebalanceListener):  # runs on the consumer's IO thread: it must not block
@@ -149,18 +175,57 @@ class _Member:
         # one was seen not to rejoin when they arrived
         wait_for_partitions(self.consumer, self.topics.prompts)
         self.consumer.subscribe([self.topics.prompts], listener=Listener())
-        last_check = 0.0
+
+    def _rejoin_if_stuck(self) -> None:
+        """kafka-python 3 was seen to leave a rebalance unfinished for good (its leader's SyncGroup never sent after
+        a metadata update dropped the coordinator): every commit deferred, nothing moving. Past ``REJOIN_AFTER_S``
+        of that, the member leaves (its consumer closed: a LeaveGroup) and joins again as a new consumer; what it
+        held is handed back, as on any lost partition, and taken again at the next delivery."""
+        if self.deferred_since is None or time.monotonic() - self.deferred_since < REJOIN_AFTER_S:
+            return
+        logger.warning("generator=%s: a rebalance of the generators' group has not finished in %.0fs: leaving the "
+                       "group and joining it again (%d prompt group(s) in flight handed back)",
+                       self.options.generator_id, time.monotonic() - self.deferred_since, len(self.tasks))
+        self.moved({tp.partition for tp in self.consumer.assignment()} | set(self.next_offset), "left")
+        self.held.clear()
+        self.consumer.close(autocommit=False)
+        self.consumer = self._new_consumer()
+        self.deferred_since = None
+        self._subscribe()
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    def run(self) -> MemberSummary:
+        self._subscribe()
+        last_check, last_loop = 0.0, time.monotonic()
         while not self.stop():
+            now = time.monotonic()
+            if self.held and len(self.tasks) < self.options.concurrency:
+                self.summary.gate_held_s += now - last_loop
+            last_loop = now
+            self._rejoin_if_stuck()
+            self._start_held()
             free = self.options.concurrency - len(self.tasks)
             # Poll even when every slot is busy: a rebalance (a member joined, or died) completes only once every
             # member polls. Busy, it polls without moving its positions (what comes back is fetched again later),
             # not with pause(): kafka-python parks a paused partition's fetched records past a rebalance.
+            polled_at = time.monotonic()
             batch = self.consumer.poll(timeout_ms=POLL_MS, max_records=max(1, free), update_offsets=free > 0)
             records = [r for rs in batch.values() for r in rs] if free > 0 else []
+            taken = 0
             if records:
                 self.ledger.catch_up()
+                skipped: dict[int, int] = {}  # partition held back -> the first offset read past its held group
                 for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+                    if record.partition in self.held:
+                        skipped.setdefault(record.partition, record.offset)
+                        continue
                     self._take(record)
+                    taken += 1
+                for partition, offset in skipped.items():
+                    self._rewind(partition, offset)
+            if not taken and time.monotonic() - polled_at < POLL_MS / 2000:  # it gave back only what it had (busy,
+                self._pause_loop()  # held back) or nothing at once (a rebalance under way): it waited for nothing
             self._reap()
             if not self.tasks and time.monotonic() - last_check >= IDLE_CHECK_S:
                 last_check = time.monotonic()
@@ -183,7 +248,56 @@ class _Member:
             self.summary.passed_over += 1
             self._commit_or_fence()
             return
+        if self.gate is not None and self.gate.held(prompt.group_index) is not None:
+            self.held[record.partition] = _Held(prompt, record, self._epoch(record.partition), time.monotonic())
+            self.summary.gate_waits += 1
+            self._rewind(record.partition, record.offset + 1)
+            self._start_held()  # says why it waits
+            return
         self._start(prompt, record, ledger.deliveries.get(prompt.id, 0) + 1)
+
+    def _start_held(self) -> None:
+        """Start the held prompt groups the live weights now let start (lowest group first, while a slot is free);
+        forget those whose partition moved on (another member reads it from the commit limit)."""
+        for partition, held in sorted(self.held.items(), key=lambda item: item[1].prompt.group_index):
+            if held.epoch != self._epoch(partition):
+                del self.held[partition]
+                continue
+            why = self.gate.held(held.prompt.group_index)
+            if why is not None:
+                if not held.said:
+                    held.said = True
+                    logger.info("generator=%s: prompt group %s held: %s", self.options.generator_id, held.prompt.id,
+                                why.describe())
+                    if self.gate.on_wait is not None:
+                        self.gate.on_wait(why)
+                continue
+            if len(self.tasks) >= self.options.concurrency:
+                return
+            del self.held[partition]
+            self.gate.admitted(held.prompt.group_index, time.monotonic() - held.since)
+            ledger = self.ledger.catch_up()
+            if held.prompt.id in ledger.ended:
+                self.summary.passed_over += 1
+                continue
+            self._start(held.prompt, held.record, ledger.deliveries.get(held.prompt.id, 0) + 1)
+
+    def _rewind(self, partition: int, offset: int) -> None:
+        """A held partition is read no further: its position goes back to ``offset`` (what was fetched past the held
+        group is fetched again once it starts). Not ``pause()``: kafka-python was seen to keep a paused partition's
+        position and records in ways a rebalance does not undo; a seek is plain."""
+        tp = TopicPartition(self.topics.prompts, partition)
+        if tp in self.consumer.assignment():
+            self.consumer.seek(tp, offset)
+
+    def _pause_loop(self) -> None:
+        """Wait up to a poll's time for a prompt group in flight to end (or just the time, with none running), so a
+        loop that polls only what it already had (busy, or held back) does not spin."""
+        running = [t.future for t in list(self.tasks.values()) if t.future is not None and not t.future.done()]
+        if running:
+            wait(running, timeout=POLL_MS / 1000, return_when=FIRST_COMPLETED)
+        else:
+            time.sleep(POLL_MS / 1000)
 
     def _start(self, prompt: PromptGroup, record: Any, delivery: int, why: str = "") -> None:
         if delivery > self.options.max_deliveries:
@@ -230,6 +344,10 @@ class _Member:
                 continue
             if isinstance(exc, (BrokerError, KafkaError)):
                 raise exc
+            if isinstance(exc, (EngineRefused, SampleFailed)):  # another delivery would fail the same way
+                self._fail(task.prompt, task.record, task.delivery, f"prompt group {task.prompt.id} (group_index "
+                           f"{task.prompt.group_index}) failed at delivery {task.delivery}: {type(exc).__name__}: {exc}")
+                continue
             if exc is not None:
                 why = f"{type(exc).__name__}: {exc}"
                 logger.warning("generator=%s: prompt group %s delivery %d failed: %s", self.options.generator_id,
@@ -272,12 +390,15 @@ class _Member:
         for (partition, offset), task in list(self.tasks.items()):
             if partition in safe and task.epoch == self._epoch(partition):
                 safe[partition] = min(safe[partition], offset)
+        for partition, waiting in list(self.held.items()):
+            if partition in safe and waiting.epoch == self._epoch(partition):
+                safe[partition] = min(safe[partition], waiting.record.offset)
         return safe
 
     def _commit_or_fence(self, before: tuple[int, int] | None = None) -> bool | None:
         """Commit the safe offsets (up to ``before`` on its partition): True; None while a rebalance is under way
-        or past its timeout (nothing committed, nothing lost: asked again after the next poll); False when the cluster refuses: this
-        member is out of the group (a zombie back from SIGSTOP, or its session expired), so it writes nothing more
+        or past its timeout (nothing committed, nothing lost: asked again after the next poll); False when the cluster
+        refuses: this member is out of the group (a zombie back from SIGSTOP, or its session expired), so it writes nothing more
         of what it holds: the groups in flight are stopped and handed back (the listener is told as it rejoins)."""
         offsets = self._safe_offsets()
         if before is not None:
@@ -289,9 +410,12 @@ class _Member:
         try:
             self.consumer.commit({TopicPartition(self.topics.prompts, p): OffsetAndMetadata(o, "", -1)
                                   for p, o in offsets.items()}, timeout_ms=COMMIT_TIMEOUT_MS)
+            self.deferred_since = None
             return True
         except (RebalanceInProgressError, KafkaTimeoutError) as exc:  # nothing committed, nothing lost: again later
-            logger.info("generator=%s: commit deferred (%s)", self.options.generator_id, type(exc).__name__)
+            if self.deferred_since is None:
+                self.deferred_since = time.monotonic()
+                logger.info("generator=%s: commit deferred (%s)", self.options.generator_id, type(exc).__name__)
             return None
         except KafkaError as exc:
             logger.warning("generator=%s no longer holds its prompts partitions (%s): its %d prompt group(s) in "
@@ -342,7 +466,6 @@ class _Member:
         self.summary.closed_run = True
 
     def close(self) -> None:
-        self.closing = True
         self.pool.shutdown(wait=True, cancel_futures=True)
         try:
             self.consumer.close(autocommit=False)
@@ -352,9 +475,9 @@ class _Member:
 
 def run_member(conn: Mapping[str, Any], topics: Topics, options: MemberOptions, make_turns: MakeTurns,
                publisher: Any, *, stop: Callable[[], bool] = lambda: False,
-               progress: Callable[[MemberSummary], None] | None = None) -> MemberSummary:
+               progress: Callable[[MemberSummary], None] | None = None, gate: Any = None) -> MemberSummary:
     """Take prompt groups until the run is over or ``stop()`` (see the module docstring)."""
-    member = _Member(conn, topics, options, make_turns, publisher, stop, progress)
+    member = _Member(conn, topics, options, make_turns, publisher, stop, progress, gate)
     try:
         return member.run()
     finally:

@@ -26,6 +26,10 @@ Contract:
 
 * ``stop()`` True (a SIGTERM) raises ``rollout_bus.errors.Stopped``: at the next ``admit`` (between
   groups, never mid-group) or during a wait (within a poll of the watcher, 200 ms).
+* ``held(group_index)`` is the same question without waiting (the prompt-fed member asks it from its own loop,
+  so a group that must wait takes no worker slot and never holds back a lower group): the ``GateWait`` that
+  keeps the group back under the live version (refreshed), or None when it may start; ``admitted(...)`` (how
+  long it was held) counts it among ``waits``/``waited_s`` and says so.
 * ``current()`` is the live version, refreshed without waiting: it stamps each engine call.
   ``lowest``/``highest`` are the least and greatest live versions the gate handed out (None before any).
 """
@@ -103,6 +107,22 @@ class StalenessGate:
     def current(self) -> int:
         """The live version, refreshed without waiting."""
         return self._seen(self.watcher.refresh())
+
+    def held(self, group_index: int) -> GateWait | None:
+        """What keeps the group from starting under the live version (refreshed, no wait), or None."""
+        need, live = self.required(group_index), self.current()
+        if need is None or live >= need:
+            return None
+        return GateWait(group_index, self.batch_of(group_index), need, live, self.max_staleness)
+
+    def admitted(self, group_index: int, waited_s: float) -> None:
+        """A group ``held`` for ``waited_s`` seconds starts now: counted and said, as ``admit`` does."""
+        self.waits += 1
+        self.waited_s += waited_s
+        logger.info("admitted group %d of batch %d under weights version %d after waiting %.1fs", group_index,
+                    self.batch_of(group_index), self.watcher.version, waited_s)
+        if self.on_wait is not None:
+            self.on_wait(None)
 
     def admit(self, group_index: int) -> int:
         """The live version, once the group may start (see the module docstring)."""

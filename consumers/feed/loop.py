@@ -11,7 +11,8 @@ Contract:
 
 * ``FeedOptions``: what every trainer on the feed is given (the brokers, its ranks of ``dp_size``, where it
   checkpoints, the feed timeout, ``max_batches`` counted over the whole training, resumed batches included,
-  ``torch_threads``, and ``step_delay_s``, a pause after each step for drills and demos); ``check()`` refuses
+  ``torch_threads``, ``step_delay_s``, a pause after each step for drills and demos, and ``start_seq``, a fresh
+  feed's first batch: 0 for a trainer started with its run, whose batches may be written out of seq order); ``check()`` refuses
   unusable ranks and ``max_batches`` with ``ConfigError``. A trainer's options extend it.
 * ``run_training(options, make_step, *, log=None, on_progress=None) -> TrainResult``: checks the options, sets
   torch's threads, builds the step (``make_step(options)``: its model is built after the threads are set),
@@ -63,6 +64,7 @@ class FeedOptions:
     max_batches: int | None = None
     torch_threads: int = 1  # 0: torch's default
     step_delay_s: float = 0.0  # a pause after each step: slows the trainer down for drills and demos
+    start_seq: int | None = None  # a fresh feed's first seq (None: the lowest the topic holds); a checkpoint wins
 
     def check(self) -> None:
         if not self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -160,7 +162,8 @@ class TrainResult:
 def open_feeds(options: FeedOptions) -> dict[int, ShardFeed]:
     return {rank: ShardFeed(options.bootstrap_servers, rank=rank, dp_size=options.dp_size,
                             shards_root=options.shards_root, topic_prefix=options.topic_prefix,
-                            timeout_s=options.timeout_s, **options.kafka) for rank in options.ranks}
+                            start=options.start_seq, timeout_s=options.timeout_s, **options.kafka)
+            for rank in options.ranks}
 
 
 def step_over_ranks(state: TrainState, batches: list[TrainBatch],

@@ -1,9 +1,9 @@
 """``rollout-bus demo``: the main job, end to end, on the local broker unless one is given.
 
-Two ways to make the episodes: the seeded generator (the default, as the other demo options, ``make learn`` and
-the harnesses use it), or with ``--from-prompts`` (``make demo``'s way) a prompt file (``--prompts FILE``, default
-the packaged ``rollout_bus/demo/prompts.jsonl``) loaded and made by ``--generators N`` members of the generators'
-group (``demo.prompts_run``). The file and the flags that only the seeded generator takes are refused in one line
+Two ways to make the episodes: the seeded generator (the default, as the harnesses use it), or with
+``--from-prompts`` (``make demo``'s and ``make learn``'s way) a prompt file (``--prompts FILE``, default the
+packaged ``rollout_bus/demo/prompts.jsonl``; with ``--learn`` the calculator task's problems) loaded and made by
+``--generators N`` members of the generators' group (``demo.prompts_run``). The file and the flags that only the seeded generator takes are refused in one line
 (exit 2) before a broker is touched.
 """
 
@@ -93,10 +93,11 @@ def demo(
     train, max_staleness, groups_per_batch = _learn_defaults(learn, train, max_staleness, groups_per_batch)
     run_batching = options.role_settings(BatchingSettings, groups_per_batch=groups_per_batch, batching=batching,
                                          max_staleness=max_staleness)
-    prompts_file = _prompts_file(from_prompts or prompts is not None, prompts, generators, episodes=episodes,
-                                 n_samples_per_prompt=n_samples_per_prompt, adapters=adapters,
-                                 inject_faults=inject_faults, learn=learn, run_batching=run_batching,
-                                 interrupt_prob=interrupt_prob)
+    from_prompts = from_prompts or prompts is not None
+    prompts_file = _prompts_file(from_prompts, prompts, generators, learn=learn, run_batching=run_batching,
+                                 adapters=adapters, inject_faults=inject_faults, interrupt_prob=interrupt_prob,
+                                 **({} if learn else {"episodes": episodes,
+                                                      "n_samples_per_prompt": n_samples_per_prompt}))
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
     _refuse_mistakes(topic_prefix, out)
     if settings.bootstrap_servers:  # a closed port is said before the harness's imports (torch: seconds)
@@ -108,8 +109,8 @@ def demo(
                               batching=run_batching, dp_size=dp_size, out=out, topic_prefix=topic_prefix,
                               inject_faults=inject_faults, timeout_s=timeout,
                               max_record_bytes=settings.max_record_bytes, train=train,
-                              interrupt_prob=interrupt_prob, learn=learn, prompts=prompts_file,
-                              generators=generators or DEMO_GENERATORS)
+                              interrupt_prob=interrupt_prob, learn=learn, from_prompts=from_prompts,
+                              prompts=prompts_file, generators=generators or DEMO_GENERATORS)
     raise typer.Exit(_run_on_broker(settings, run_options, port=port, secure=secure))
 
 
@@ -147,23 +148,26 @@ def _refuse_mistakes(topic_prefix: str | None, out: Path | None) -> None:
         options.refuse(problem)
 
 
-def _prompts_file(from_prompts: bool, prompts: Path | None, generators: int | None, *, run_batching: BatchingSettings,
-                  **seeded_only: object) -> Path | None:
+def _prompts_file(from_prompts: bool, prompts: Path | None, generators: int | None, *, learn: bool,
+                  run_batching: BatchingSettings, **seeded_only: object) -> Path | None:
     """With --from-prompts: the prompt file, read and checked (exit 2 in one line naming a bad line, or the flags
-    only the seeded generator takes); without: None (exit 2 on --generators)."""
+    only the seeded generator takes), or with --learn and no --prompts None (the run writes the calculator task's
+    problems: --episodes and --n-samples-per-prompt size them); without: None (exit 2 on --generators)."""
     if not from_prompts:
         if generators is not None:
             options.refuse("--generators is for --from-prompts (the seeded demo runs one generator)")
         return None
     given = [f"--{name.replace('_', '-')}" for name, value in seeded_only.items()
              if value not in (None, "", False, 0.0)]
-    given += ["--max-staleness"] if run_batching.max_staleness is not None and not seeded_only["learn"] else []
+    given += ["--max-staleness"] if run_batching.max_staleness is not None and not learn else []
     if given:
         options.refuse(f"{', '.join(given)}: only the seeded generator takes {'it' if len(given) == 1 else 'them'}; "
                        "with --from-prompts the prompt file says what to generate (leave --from-prompts and "
                        "--prompts out for the seeded demo)")
     from rollout_bus.producers.prompt_file import read_prompt_file
 
+    if learn and prompts is None:
+        return None
     path = prompts if prompts is not None else packaged_prompts()
     try:
         read_prompt_file(path)

@@ -40,6 +40,9 @@ LR_HELP = "Adam learning rate."
 TIMEOUT = typer.Option(600.0, "--timeout", help="Fail after waiting this long for a batch.")
 MAX_BATCHES = typer.Option(None, "--max-batches", min=0,
                            help="Stop once this many batches are trained (resumed ones included).")
+START_SEQ = typer.Option(None, "--start-seq", min=0, help="A fresh trainer's first batch seq (default: the lowest seq "
+                         "rollout.shards holds when it starts; 0 for a trainer started with the run, so a batch 1 "
+                         "written before batch 0 does not start it past 0). A checkpoint resumes where it says.")
 TORCH_THREADS = typer.Option(1, "--torch-threads", min=0, help="torch CPU threads (0: torch's default).")
 VERBOSE = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level.")
 
@@ -124,6 +127,7 @@ def train(
                                       help="The generators' sampling temperature (their log-probs are of logits/T)."),
     timeout: float = TIMEOUT,
     max_batches: int | None = MAX_BATCHES,
+    start_seq: int | None = START_SEQ,
     torch_threads: int = TORCH_THREADS,
     device: str | None = typer.Option(None, "--device", help="torch device (default: cuda when present, else cpu)."),
     verbose: bool = VERBOSE,
@@ -132,7 +136,7 @@ def train(
     run_command("train", _learn_trainer, bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix,
                 ranks=ranks, dp_size=dp_size, verbose=verbose, show_weights=True, shards_root=shards_root,
                 checkpoint_dir=checkpoint_dir, seed=seed, lr=lr, temperature=temperature, timeout_s=timeout,
-                max_batches=max_batches, torch_threads=torch_threads, device=device)
+                max_batches=max_batches, start_seq=start_seq, torch_threads=torch_threads, device=device)
 
 
 def train_sim(
@@ -152,6 +156,7 @@ def train_sim(
     timeout: float = TIMEOUT,
     max_batches: int | None = MAX_BATCHES,
     step_delay: float = typer.Option(0.0, "--step-delay", min=0.0, help="Pause after each step (drills, demos)."),
+    start_seq: int | None = START_SEQ,
     torch_threads: int = TORCH_THREADS,
     verbose: bool = VERBOSE,
 ) -> None:
@@ -160,7 +165,7 @@ def train_sim(
                 topic_prefix=topic_prefix, ranks=ranks, dp_size=dp_size, verbose=verbose, shards_root=shards_root,
                 checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, seed=seed, lr=lr, dim=dim,
                 vocab_size=vocab_size, timeout_s=timeout, max_batches=max_batches, step_delay_s=step_delay,
-                torch_threads=torch_threads)
+                start_seq=start_seq, torch_threads=torch_threads)
 
 
 

@@ -8,11 +8,14 @@ Contract of ``PromptsDemoRun(client_kwargs, options, console)`` (a ``DemoRun``; 
 ``options.prompts`` is set):
 
 * ``start_stages()`` reads ``options.prompts`` (``producers.prompt_file.read_prompt_file``: a bad line is a
-  ``ConfigError`` naming it) and loads it as ``rollout-bus prompts load`` does (``producers.prompt_loader.
-  load_prompts``, in this process), then starts the stream worker(s) and the shard writer as the seeded run does,
-  then ``options.generators`` members ``generate-g0``, ``generate-g1``, ...: ``generate --from-prompts
-  --member-id gI --run-id <the run id> --summary-out generator-summary-gI.json`` (the generator role's principal on
-  a secured cluster). No ``end-run``: the members close the run once the ledger says every prompt group is over.
+  ``ConfigError`` naming it; with ``options.learn`` and no file, the calculator task's problems for
+  ``options.episodes``, written to ``prompts.jsonl`` in the run directory first: ``make learn``) and loads it as
+  ``rollout-bus prompts load`` does (``producers.prompt_loader.load_prompts``, in this process), then starts the
+  stream worker(s), the shard writer (and the trainer) as the seeded run does, then ``options.generators`` members
+  ``generate-g0``, ``generate-g1``, ...: ``generate --from-prompts --member-id gI --run-id <the run id>
+  --summary-out generator-summary-gI.json`` (with ``learn``: ``--engine policy``, its sampling and the run's
+  staleness bound; the generator role's principal on a secured cluster). No ``end-run``: the members close the
+  run once the ledger says every prompt group is over.
 * It is over (``generators_done``, ``closes_itself``) when every member exited 0 with its summary written and the
   shard writer wrote the run's last batch and exited 0.
 * What was sent is the union of the members' summaries' ``episodes`` (rollout key, attempt), reconciled as the
@@ -31,13 +34,14 @@ from typing import Any
 from rich.console import Console
 
 from rollout_bus.demo.processes import StageProcess
-from rollout_bus.demo.run import DemoOptions, DemoRun
+from rollout_bus.demo.run import DemoOptions, DemoRun, batching_args, learn_engine_args
 from rollout_bus.errors import RolloutBusError
 from rollout_bus.kafka.prompt_ledger import read_ledger
 from rollout_bus.producers.prompt_file import PromptLine, read_prompt_file
 from rollout_bus.producers.prompt_loader import load_prompts
 
 LEDGER_ORDER = ("loaded", "done", "redelivered", "failed", "in_flight")
+PROMPTS_FILE = "prompts.jsonl"  # with --learn and no prompt file: the calculator's problems, in the run directory
 
 
 def ledger_line(counts: dict[str, int]) -> str:
@@ -62,19 +66,32 @@ class PromptsDemoRun(DemoRun):
         """Load the prompt file, start the stream worker(s) and shard writer, then (unless told not to) the
         members."""
         o = self.options
-        self.prompt_lines = read_prompt_file(o.prompts)
+        path = o.prompts if o.prompts is not None else self._learn_prompts()
+        self.prompt_lines = read_prompt_file(path)
         loaded = load_prompts(self.kwargs, self.topics, self.prompt_lines, max_record_bytes=o.max_record_bytes)
-        self.console.print(f"prompts {o.prompts}: {loaded.describe()} on {self.topics.prompts}", markup=False,
+        self.console.print(f"prompts {path}: {loaded.describe()} on {self.topics.prompts}", markup=False,
                            soft_wrap=True)
         super().start_stages(generator=False)
         if not generator:
             return
+        learn = ([*learn_engine_args(), *batching_args(o.batching)] if o.learn else [])
         for member in self.members:
             name = f"generate-{member}"
             self.stages[name] = StageProcess(name, "generate", [
                 *self._common(), "--from-prompts", "--member-id", member, "--run-id", self.run_id,
-                "--seed", str(o.seed), "--summary-out", str(self.member_summary_path(member)), *o.generator_args],
-                self.out / "logs" / f"{name}.log", env=self._as("generator"))
+                "--seed", str(o.seed), "--summary-out", str(self.member_summary_path(member)), *learn,
+                *o.generator_args], self.out / "logs" / f"{name}.log", env=self._as("generator"))
+
+    def _learn_prompts(self) -> Path:
+        """``make learn``'s prompt file: the calculator task's problems, one prompt group per ``n`` episodes."""
+        from rollout_bus.learn.task import prompt_lines  # torch-free, but the learn package: only with --learn
+
+        o = self.options
+        path = self.out / PROMPTS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = prompt_lines(o.seed, math.ceil(o.episodes / o.n_samples_per_prompt), o.n_samples_per_prompt)
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return path
 
     def generators_done(self) -> bool:
         """Every member exited 0 and wrote its summary."""

@@ -84,10 +84,17 @@ class DemoOptions:
     # a secured cluster's principals (``local_kafka.secure.SecureSetup``'s directory): each stage runs as its role's
     # principal with that role's ACLs on the run's prefix; the demo itself is ``client_kwargs``' (an admin)
     principals: Path | None = None
-    # from a prompt file instead (``demo.prompts_run``): loaded onto rollout.prompts, shared by ``generators``
-    # `generate --from-prompts` members; None: the seeded generator plans its own episodes
+    # from prompts instead (``demo.prompts_run``): loaded onto rollout.prompts, shared by ``generators``
+    # `generate --from-prompts` members; the file ``prompts``, or with ``learn`` and none the calculator task's
+    # problems (written into the run directory); False: the seeded generator plans its own episodes
+    from_prompts: bool = False
     prompts: Path | None = None
     generators: int = 2
+
+
+def learn_engine_args() -> list[str]:
+    """The flags of a generator of ``demo --learn``: the real policy, and its sampling."""
+    return ["--engine", "policy", *(f for k, v in LEARN_SAMPLING.items() for f in (f"--{k.replace('_', '-')}", str(v)))]
 
 
 def batching_args(batching: BatchingSettings) -> list[str]:
@@ -157,7 +164,8 @@ class DemoRun:
         if o.train:
             self.stages["train"] = StageProcess("train", "train" if o.learn else "train_sim", [
                 *self._common(), "--ranks", "all", "--dp-size", str(o.dp_size), "--checkpoint-dir",
-                str(self.train_dir), "--timeout", str(o.timeout_s)], logs / "train.log", env=self._as("trainer"))
+                str(self.train_dir), "--timeout", str(o.timeout_s), "--start-seq", "0"], logs / "train.log",
+                env=self._as("trainer"))
         if not generator:
             return
         gen_args = [*self._common(), "--episodes", str(o.episodes), "--seed", str(o.seed),
@@ -166,9 +174,7 @@ class DemoRun:
                     *(["--inject-faults"] if o.inject_faults else []),
                     *([*batching_args(o.batching), "--interrupt-prob", str(o.interrupt_prob)]
                       if o.batching.max_staleness is not None else []),
-                    *(["--engine", "policy", *(f for k, v in LEARN_SAMPLING.items()
-                                                for f in (f"--{k.replace('_', '-')}", str(v)))] if o.learn else []),
-                    *o.generator_args]
+                    *(learn_engine_args() if o.learn else []), *o.generator_args]
         self.stages["generate"] = StageProcess("generate", "generate", gen_args, logs / "generate.log",
                                                env=self._as("generator"))
 
@@ -286,8 +292,8 @@ class DemoRun:
 
 
 def new_run(client_kwargs: dict[str, Any], options: DemoOptions, console: Console) -> DemoRun:
-    """The seeded generator's run, or with ``options.prompts`` the generator group's (``demo.prompts_run``)."""
-    if options.prompts is None:
+    """The seeded generator's run, or with ``options.from_prompts`` the generator group's (``demo.prompts_run``)."""
+    if not options.from_prompts:
         return DemoRun(client_kwargs, options, console)
     from rollout_bus.demo.prompts_run import PromptsDemoRun  # it builds on DemoRun
 

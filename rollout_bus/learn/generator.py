@@ -50,7 +50,7 @@ import torch
 from rollout_bus.config import ENV_PREFIX, GenerateSettings
 from rollout_bus.errors import ConfigError, NoUsableWeights, Stopped, must_be
 from rollout_bus.learn.engine import PolicyEngine, TurnOutput
-from rollout_bus.learn.task import TURN_TOKENS, CalculatorTask, Problem
+from rollout_bus.learn.task import TURN_TOKENS, CalculatorTask
 from rollout_bus.model.sample import Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
 from rollout_bus.model.turns import split_turn
@@ -68,7 +68,7 @@ _ENGINE_STREAM = 1 << 25
 FULL_LOG_PROBS = "full_vocab_log_probs"
 
 
-def _round_generator(settings: GenerateSettings, group: GroupSpec, round_: int) -> torch.Generator:
+def round_generator(settings: GenerateSettings, group: GroupSpec, round_: int) -> torch.Generator:
     slot = group.adapter.slot + 1 if group.adapter is not None else 0
     words = [settings.seed, slot, group.group_index, round_, _ENGINE_STREAM]
     seed = int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
@@ -76,7 +76,7 @@ def _round_generator(settings: GenerateSettings, group: GroupSpec, round_: int) 
 
 
 @dataclass
-class _Episode:
+class PolicyEpisode:
     """One episode of a group: its index, its context so far, what its turns sampled."""
 
     index: int
@@ -86,12 +86,13 @@ class _Episode:
     called: bool = False
 
 
-def _turn_sample(group: GroupSpec, problem: Problem, episode: _Episode,
-                 out: TurnOutput) -> Sample:
+def turn_sample(group: GroupSpec, prompt_text: str, label: str | None, episode: PolicyEpisode,
+                out: TurnOutput) -> Sample:
+    """One turn as sampled: the episode's context then the turn's tokens; per-token fields over the response."""
     tokens = np.asarray(out.tokens, np.int64)
     versions = np.asarray(out.versions, np.int64)
     sample = Sample(group_index=group.group_index, index=episode.index, rollout_id=episode.index,
-                    prompt=problem.text, label=str(problem.answer), tokens=np.concatenate([episode.context, tokens]),
+                    prompt=prompt_text, label=label, tokens=np.concatenate([episode.context, tokens]),
                     response_length=int(tokens.size), loss_mask=np.ones(tokens.size, np.int64),
                     rollout_log_probs=np.asarray(out.log_probs, np.float64), rollout_token_versions=versions,
                     weight_versions=[str(v) for v in dict.fromkeys(out.versions)], adapter=group.adapter,
@@ -117,7 +118,7 @@ def _pieces(sample: Sample, versions: list[int]) -> list[Sample]:
     return pieces
 
 
-def _emit(sample: Sample, episode: _Episode, out: TurnOutput, *, final: bool,
+def emit_turn(sample: Sample, episode: PolicyEpisode, out: TurnOutput, *, final: bool,
           group_size: int) -> Iterator[tuple[Sample, dict]]:
     pieces = _pieces(sample, out.versions)
     for i, piece in enumerate(pieces):
@@ -135,15 +136,15 @@ def iter_policy_turns(settings: GenerateSettings, engine: PolicyEngine,
             gate.admit(group.group_index)
         problem = task.problem(group.group_index)
         prompt = task.prompt_tokens(problem)
-        episodes = [_Episode(group.first_index + j, prompt) for j in range(group.size)]
-        outs = engine.generate([e.context for e in episodes], _round_generator(settings, group, 0), TURN_TOKENS)
-        second: list[_Episode] = []
+        episodes = [PolicyEpisode(group.first_index + j, prompt) for j in range(group.size)]
+        outs = engine.generate([e.context for e in episodes], round_generator(settings, group, 0), TURN_TOKENS)
+        second: list[PolicyEpisode] = []
         for episode, out in zip(episodes, outs):
-            sample = _turn_sample(group, problem, episode, out)
+            sample = turn_sample(group, problem.text, str(problem.answer), episode, out)
             episode.called = task.calls_tool(out.tokens)
             if not episode.called:
                 sample.reward = task.reward(problem, False, out.tokens)
-            yield from _emit(sample, episode, out, final=not episode.called, group_size=group.size)
+            yield from emit_turn(sample, episode, out, final=not episode.called, group_size=group.size)
             if episode.called:
                 observation = task.observation_tokens(problem)
                 episode.context = np.concatenate([sample.tokens, observation])
@@ -151,11 +152,11 @@ def iter_policy_turns(settings: GenerateSettings, engine: PolicyEngine,
                 second.append(episode)
         if not second:
             continue
-        outs = engine.generate([e.context for e in second], _round_generator(settings, group, 1), TURN_TOKENS)
+        outs = engine.generate([e.context for e in second], round_generator(settings, group, 1), TURN_TOKENS)
         for episode, out in zip(second, outs):
-            sample = _turn_sample(group, problem, episode, out)
+            sample = turn_sample(group, problem.text, str(problem.answer), episode, out)
             sample.reward = task.reward(problem, True, out.tokens)
-            yield from _emit(sample, episode, out, final=True, group_size=group.size)
+            yield from emit_turn(sample, episode, out, final=True, group_size=group.size)
 
 
 def wait_for_first_weights(engine: PolicyEngine, refresh: Callable[[int], object], *,

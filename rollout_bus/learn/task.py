@@ -16,12 +16,19 @@ Contract:
 * ``prompt_tokens(problem)``, ``observation_tokens(problem)`` (the tool's answer, forced tokens);
   ``TURN_TOKENS`` caps a turn (a turn also ends at ``$``); ``MAX_TURNS`` is 2.
 * ``calls_tool(response)``: the response starts with the call token. ``reward(problem, called, final)``.
+* On the bus (``make learn`` takes its prompts from rollout.prompts): ``prompt_lines(seed, groups, n_samples)``
+  are the prompt file's lines of problems ``0..groups-1`` (``input_ids`` the prompt's tokens, ``label`` the
+  answer digit); ``calculator_env`` is the ``--env`` plug-in (``rollout_bus.learn.task:calculator_env``: after a
+  first turn that called the tool it forces the calculator's answer for the prompt's label, else the episode is
+  done; never after a second turn) and ``calculator_reward`` the ``--reward-fn`` one (the checker on the merged
+  episode: its first response segment called the tool and its last, another one, starts with the label).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,3 +81,59 @@ class CalculatorTask:
     def reward(problem: Problem, called: bool, final: Sequence[int]) -> float:
         right = len(final) > 0 and int(final[0]) == VOCAB.id(str(problem.answer))
         return 1.0 if called and right else 0.0
+
+
+def prompt_lines(seed: int, groups: int, n_samples: int) -> list[dict[str, Any]]:
+    """The prompt file of problems ``0..groups-1``, one JSON object each (``rollout-bus prompts load``'s fields)."""
+    task = CalculatorTask(seed)
+    lines = []
+    for group_index in range(groups):
+        problem = task.problem(group_index)
+        lines.append({"id": f"calculator-{seed}-{group_index}", "text": problem.text, "label": str(problem.answer),
+                      "input_ids": [int(t) for t in task.prompt_tokens(problem)], "n_samples": int(n_samples)})
+    return lines
+
+
+def response_segments(sample: Any) -> list[np.ndarray]:
+    """The sampled parts of an episode's response (loss mask 1), one per turn, in order."""
+    response = np.asarray(sample.tokens, np.int64)[len(sample.tokens) - int(sample.response_length):]
+    mask = np.asarray(sample.loss_mask, np.int64)
+    segments, current = [], []
+    for token, sampled in zip(response, mask):
+        if sampled:
+            current.append(int(token))
+        elif current:
+            segments.append(np.asarray(current, np.int64))
+            current = []
+    if current:
+        segments.append(np.asarray(current, np.int64))
+    return segments
+
+
+class CalculatorEnv:
+    """One episode's calculator: the answer to the prompt's label, forced after a first turn that calls it."""
+
+    def __init__(self, answer: str) -> None:
+        if len(answer) != 1 or answer not in "0123456789":
+            raise ValueError(f"the calculator task's label must be one digit (got {answer!r})")
+        self.answer, self.steps = answer, 0
+
+    def step(self, sample: Any) -> list[int] | None:
+        self.steps += 1
+        segments = response_segments(sample)
+        if self.steps > 1 or len(segments) != 1 or not CalculatorTask.calls_tool(segments[0]):
+            return None
+        return [int(t) for t in VOCAB.encode(f"{ANSWER}{self.answer}")]
+
+
+def calculator_env(prompt: Any, sample_index: int) -> CalculatorEnv:
+    """``--env rollout_bus.learn.task:calculator_env``: the calculator of one episode of ``prompt``."""
+    return CalculatorEnv(str(prompt.label))
+
+
+def calculator_reward(sample: Any) -> float:
+    """``--reward-fn rollout_bus.learn.task:calculator_reward``: 1.0 for a calculator-verified right answer."""
+    segments = response_segments(sample)
+    called = len(segments) > 1 and CalculatorTask.calls_tool(segments[0])
+    right = called and len(segments[-1]) > 0 and VOCAB.decode(segments[-1][:1]) == str(sample.label)
+    return 1.0 if right else 0.0

@@ -9,6 +9,9 @@ Contract:
   (singleton supports, loss mask 0, log-prob 0.0) or as prompt context.
 * A prompt starts with ``BOS``, a summary with ``SUMMARY``: a compacted history never starts
   with the tokens it replaces, so ``merge_samples`` sees the compaction.
+* ``tool_env`` is the same environment as an ``--env`` plug-in (``rollout_bus.sim.environment:tool_env``) for
+  the prompt-fed generator's real engines: seeded by the prompt's id and the sample index, up to three
+  observations, then done.
 """
 
 from __future__ import annotations
@@ -61,3 +64,37 @@ class ToolEnvironment:
         """1.0 for a solved task, 0.0 otherwise; a truncated answer never solves it."""
         solved = rng.random() < 0.5
         return 1.0 if solved and not truncated else 0.0
+
+
+DEFAULT_TOOL_VOCAB = 32_000  # a typical LLM's vocabulary: the observations' ids stay below it
+TOOL_ENV_MAX_OBSERVATIONS = 3
+_TOOL_ENV_STREAM = 1 << 27
+
+
+class ToolEnvEpisode:
+    """One episode of the built-in tool environment as an ``--env`` plug-in (``tool_env``): after each turn, a
+    seeded observation (``USER`` and content ids), until a seeded number of them (0 to 3) was given. What it
+    answers depends on the prompt's id, the sample index and the step only: any generator, any delivery, the
+    same episode. ``steps`` counts its calls (a test can count them)."""
+
+    def __init__(self, prompt_id: str, sample_index: int, vocab_size: int) -> None:
+        words = [int(b) for b in prompt_id.encode("utf-8")]
+        self.rng = np.random.default_rng([_TOOL_ENV_STREAM, int(sample_index), len(words), *words])
+        self.env = ToolEnvironment(vocab_size)
+        self.observations = int(self.rng.integers(0, TOOL_ENV_MAX_OBSERVATIONS + 1))
+        self.steps = 0
+
+    def step(self, _sample) -> list[int] | None:
+        self.steps += 1
+        if self.steps > self.observations:
+            return None
+        return [int(t) for t in self.env.observation(self.rng)]
+
+
+def tool_env(prompt, sample_index: int) -> ToolEnvEpisode:
+    """``--env rollout_bus.sim.environment:tool_env``: the built-in tool environment for a real engine's episodes;
+    ids below the prompt's ``metadata["vocab_size"]`` (default ``DEFAULT_TOOL_VOCAB``)."""
+    vocab = int(prompt.metadata.get("vocab_size", DEFAULT_TOOL_VOCAB)) if prompt.metadata else DEFAULT_TOOL_VOCAB
+    if vocab <= SPECIAL_TOKENS:
+        raise ValueError(f"metadata vocab_size must be above {SPECIAL_TOKENS} (got {vocab})")
+    return ToolEnvEpisode(prompt.id, sample_index, vocab)

@@ -20,7 +20,6 @@ Contract:
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 
@@ -28,9 +27,8 @@ import numpy as np
 
 from rollout_bus.config import GenerateSettings
 from rollout_bus.model.sample import AdapterRef, Sample
-from rollout_bus.model.turns import merge_samples
 from rollout_bus.producers.groups import GroupSpec, parse_adapters
-from rollout_bus.producers.plugins import RewardPlugin, episode_name
+from rollout_bus.producers.plugins import RewardPlugin, episode_name, episode_so_far
 from rollout_bus.sim.environment import ToolEnvironment
 from rollout_bus.sim.episode import Episode, EpisodeId
 from rollout_bus.sim.generator import group_turns, sampling_params
@@ -88,7 +86,7 @@ class SimPromptEngine:
         turns.append(sample)
         attempts[sample.index] = (args["attempt"], turns)
         if args["final"]:
-            merged = copy.deepcopy(merge_samples(turns)[-1])  # the plug-in cannot change what is sent
+            merged = episode_so_far(turns)
             j = sample.index - prompt.group_index * prompt.n_samples
             self.reward_fn.apply(sample, merged, episode_name(prompt, j))
             del attempts[sample.index]

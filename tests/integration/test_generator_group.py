@@ -3,11 +3,14 @@
 Each run loads the same prompt groups, runs a stream worker and a shard writer, and members of the group
 (``rollout-bus generate --from-prompts`` processes); a disturbed run (a member killed -9, stopped past its session
 and resumed as a zombie, the group scaled 1 -> 3 -> 1) must write shards byte-identical to the undisturbed run's,
-end with every prompt group done in the ledger, and close itself (the writer exits on the run's end).
+end with every prompt group done in the ledger, and close itself (the writer exits on the run's end). The
+response tokens a takeover threw away reach the batches' flow: their ``takeover`` cause on rollout.metrics sums to
+the stream worker's own ``takeover_tokens_discarded`` count (0 when a kill landed before any turn was stored).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -19,6 +22,8 @@ from rollout_bus.kafka.admin import ensure_topics
 from rollout_bus.kafka.prompt_ledger import read_ledger
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.wire.dead_letter import DeadLetter
+from rollout_bus.wire.flow_metrics import CAUSE_TAKEOVER, discarded_tokens
+from rollout_bus.wire.metrics_records import METRIC_PREFIX
 from rollout_bus.wire.prompt_record import PromptGroup
 from rollout_bus.wire.run_record import RunBatching
 from rollout_bus.wire.topics import Topics
@@ -80,6 +85,23 @@ class Run:
         self.worker.stop()
         return shard_digests(self.dir / "shards")
 
+    def takeover_tokens_in_batches(self) -> float:
+        """The batches' discarded ``takeover`` tokens (their rollout.metrics records), summed over distinct batches."""
+        reader = TopicReader(self.client_kwargs, [self.topics.metrics])
+        try:
+            docs = [json.loads(r.value) for r in reader.read_to_end().get(self.topics.metrics, [])]
+        finally:
+            reader.close()
+        batches = {doc["batch"]: doc["metrics"] for doc in docs if doc.get("kind") == "batch"}
+        assert batches, "no batch record on rollout.metrics"
+        return sum(metrics[METRIC_PREFIX + discarded_tokens(CAUSE_TAKEOVER)] for metrics in batches.values())
+
+    def takeover_tokens_discarded(self) -> int:
+        """What the stream worker (stopped by ``finish``) counted as thrown away by takeovers."""
+        counts = self.worker.counts()
+        assert counts, self.worker.log()[-2000:]
+        return counts.get("takeover_tokens_discarded", 0)
+
     def dead_letters(self) -> list[DeadLetter]:
         reader = TopicReader(self.client_kwargs, [self.topics.dlq])
         try:
@@ -115,13 +137,16 @@ def undisturbed(kafka_bootstrap, tmp_path_factory) -> dict[str, str]:
         run.close()
     assert len(digests) == GROUPS, digests  # batches of 2 groups, 2 DP shards each
     assert run.ledger() == {"loaded": GROUPS, "done": GROUPS, "failed": 0, "in_flight": 0, "redelivered": 0}
+    assert run.takeover_tokens_in_batches() == run.takeover_tokens_discarded() == 0
     return digests
 
 
 def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
         new_run, undisturbed):
     run = new_run(synthetic_prompts(GROUPS, SAMPLES))
-    victim = run.member(*PACED)
+    # the victim slow (3 s an engine call): a prompt group it claimed is in flight for seconds, so the test sees it
+    # holding one before the others finish the run, however loaded the machine (the shards do not depend on pace)
+    victim = run.member("--turn-latency-ms", "3000", "--concurrency", "2")
     others = [run.member(*PACED) for _ in range(2)]
     wait_until(lambda: run.ledger()["done"] >= 2 and run.holds(victim), 120, "the victim holding a prompt group")
     victim.kill()  # kill -9 with a prompt group in flight: a claim without a done
@@ -131,6 +156,7 @@ def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
     assert (ledger["done"], ledger["failed"], ledger["in_flight"]) == (GROUPS, 0, 0), ledger
     assert ledger["redelivered"] >= 1, ledger
     assert all(m.summary()["closed_run"] or m.summary()["done"] >= 0 for m in others)
+    assert run.takeover_tokens_in_batches() == run.takeover_tokens_discarded()
 
 
 def test_a_zombie_back_from_sigstop_is_fenced_and_the_shards_are_unchanged(
@@ -146,6 +172,7 @@ def test_a_zombie_back_from_sigstop_is_fenced_and_the_shards_are_unchanged(
     assert digests == undisturbed
     assert "no longer holds its prompts partitions" in zombie.log()
     assert run.ledger()["done"] == GROUPS and survivor.summary()["redelivered"] >= 1
+    assert run.takeover_tokens_in_batches() == run.takeover_tokens_discarded()
 
 
 def _holds_partitions(member: Member) -> bool:

@@ -1,9 +1,10 @@
 """The real loop on the real broker: the policy learns the calculator task through the bus.
 
-One ``demo --learn`` run (synchronous: ``--max-staleness 0``, so every batch is sampled under the
-weights of the step before it and the run is the same on every run of this machine) must raise the
-reward; every token the generator sent must be scored again by the trainer, at the weights that
-sampled it, to the same log-prob; the generator must have loaded each version the trainer published.
+One ``demo --learn --from-prompts`` run (``make learn``'s: the calculator's prompts loaded onto rollout.prompts,
+two members of the generators' group sharing them; synchronous, ``--max-staleness 0``, so every batch is sampled
+under the weights of the step before it and the run is the same on every run of this machine) must raise the
+reward; every token the generators sent must be scored again by the trainer, at the weights that sampled it, to
+the same log-prob; between them the generators must have loaded each version the trainer published.
 Then ``rollout-bus train`` again on the same shards, SIGKILLed mid-run and restarted, must train the
 same batches to the same losses and write byte-identical checkpoints.
 """
@@ -34,7 +35,8 @@ TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def learned(kafka_bootstrap, tmp_path_factory):
     out = tmp_path_factory.mktemp("learn") / "demo"
-    done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--learn", "--max-staleness", "0",
+    done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--learn", "--from-prompts",
+                           "--max-staleness", "0",
                            "--episodes", str(BATCHES * 64), "--bootstrap-servers", kafka_bootstrap, "--out", str(out),
                            "--timeout", str(TIMEOUT_S)],
                           capture_output=True, text=True, timeout=TIMEOUT_S + 60, env={**os.environ, "COLUMNS": "200"})
@@ -73,13 +75,14 @@ def test_the_trainer_recomputes_every_rollout_log_prob_at_the_weights_that_sampl
 def test_the_generator_sampled_under_every_version_the_trainer_published(learned):
     out, done = learned
     assert done.returncode == 0, done.stderr[-3000:]
-    log = (out / "logs" / "generate.log").read_text()
-    loaded = sorted({int(line.split("version=")[1].split()[0]) for line in log.splitlines()
+    logs = [path.read_text() for path in sorted((out / "logs").glob("generate-g*.log"))]
+    assert len(logs) == 2  # the two members of make learn
+    loaded = sorted({int(line.split("version=")[1].split()[0]) for log in logs for line in log.splitlines()
                      if "loaded weights version=" in line})
     assert loaded == list(range(BATCHES)), loaded  # version 0 (the trainer's initial weights) .. the last used
     for manifest in written_batches(out / "shards").values():
         assert manifest["extra"]["weight_versions"] == [str(manifest["seq"])], manifest["extra"]
-    assert "refused 0" in log
+    assert all("refused 0" in log for log in logs)
 
 
 def _train_command(bootstrap: str, prefix: str, checkpoint_dir: Path, max_batches: int) -> list[str]:

@@ -37,7 +37,7 @@ def refusal(*args: str) -> str:
      "'missing'"),
     (["--reward-fn", "nowhere_to_be_found:score"], "generator refused: --reward-fn 'nowhere_to_be_found:score': "
      "module 'nowhere_to_be_found' cannot be imported"),
-    (["--env", "tests.prompt_plugins:two_turns"], "error: --env drives --engine http"),
+    (["--env", "tests.prompt_plugins:two_turns"], "error: --env drives --engine http or policy"),
 ])
 def test_a_missing_url_or_bad_plugin_path_is_one_line_and_exit_2_before_the_broker(args, line):
     assert refusal(*args).startswith(line)
@@ -53,7 +53,7 @@ def test_the_flags_reach_the_http_engine():
                                 env_factory="tests.prompt_plugins:two_turns",
                                 reward_fn="tests.prompt_plugins:score_key", reward_key="score", max_turns=5,
                                 top_p=0.9, top_k=0, max_response_len=40, adapters="math,code")
-    make_turns, uses_torch = prompt_engine(settings)
+    make_turns, uses_torch, *_ = prompt_engine(settings)
     engine = make_turns.__self__
     assert isinstance(engine, HttpPromptEngine) and not uses_torch
     assert engine.client.base_url == "http://engine:30000" and engine.max_turns == 5
@@ -63,7 +63,21 @@ def test_the_flags_reach_the_http_engine():
 
 
 def test_the_sim_engine_takes_the_reward_function():
-    make_turns, uses_torch = prompt_engine(GenerateSettings(from_prompts=True,
+    make_turns, uses_torch, *_ = prompt_engine(GenerateSettings(from_prompts=True,
                                                             reward_fn="tests.prompt_plugins:response_length"))
     assert isinstance(make_turns.__self__, SimPromptEngine) and uses_torch
     assert make_turns.__self__.reward_fn.fn is prompt_plugins.response_length
+
+
+def test_the_policy_engine_takes_the_calculator_task_unless_told_otherwise():
+    from rollout_bus.learn import task
+    from rollout_bus.learn.prompted import PolicyPromptEngine
+
+    chosen = prompt_engine(GenerateSettings(from_prompts=True, engine="policy", max_turns=2))
+    engine = chosen.make_turns.__self__
+    assert isinstance(engine, PolicyPromptEngine) and chosen.uses_torch
+    assert engine.env.factory is task.calculator_env and engine.reward.fn is task.calculator_reward
+    other = prompt_engine(GenerateSettings(from_prompts=True, engine="policy",
+                                           env_factory="tests.prompt_plugins:two_turns",
+                                           reward_fn="tests.prompt_plugins:response_length")).make_turns.__self__
+    assert other.env.factory is prompt_plugins.two_turns and other.reward.fn is prompt_plugins.response_length

@@ -47,9 +47,14 @@ def test_a_bad_prompt_file_is_refused_naming_its_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, named", [(["--from-prompts", "--episodes", "8"], "--episodes"),
-                                         (["--from-prompts", "--learn"], "--learn"),
+                                         (["--from-prompts", "--learn", "--adapters", "math"], "--adapters"),
                                          (["--from-prompts", "--inject-faults"], "--inject-faults"),
                                          (["--from-prompts", "--train", "--max-staleness", "1"], "--max-staleness"),
                                          (["--generators", "3"], "--generators")])
 def test_flags_the_run_from_prompts_cannot_follow_are_refused_in_one_line(args, named):
     assert named in _refusal(args)
+
+
+def test_learn_from_prompts_is_runnable_its_episodes_sizing_the_calculator_prompts():
+    done = runner.invoke(app, ["demo", *CLOSED, "--from-prompts", "--learn", "--episodes", "128"])
+    assert done.exit_code == 1 and "no Kafka cluster answered" in done.output, done.output  # past every refusal

@@ -93,3 +93,18 @@ def test_waiting_past_the_timeout_names_the_seq_waited_for_and_the_last_seen():
     assert feed.next_batch() == 0
     with pytest.raises(FeedTimeoutError, match=r"rank 0: no batch 1 on rollout.shards within 0s \(last seq seen: 2\)"):
         feed.next_batch()
+
+
+def test_a_feed_started_with_its_run_waits_for_seq_0_when_batch_1_is_written_first():
+    # step batching from a prompt queue: batch 1's groups may all finish before batch 0's
+    seqs, _ = _seqs([announced(1)], [announced(0)], [ended(2)], start=0)
+    assert seqs == [0, 1]
+    seqs, _ = _seqs([announced(1)], [announced(0)], [ended(2)])  # the lowest the topic held when it started
+    assert seqs == [1]
+
+
+def test_the_trainers_take_a_start_seq_for_their_feeds():
+    from rollout_bus.consumers.feed.loop import FeedOptions, open_feeds
+
+    feeds = open_feeds(FeedOptions("unused:1", checkpoint_dir=None, ranks=[0, 1], dp_size=2, start_seq=0))
+    assert [feed.next_seq for feed in feeds.values()] == [0, 0]
