@@ -135,7 +135,7 @@ def run_prompt_generator(client_kwargs: Mapping[str, Any], topics: Topics, optio
     def progress(summary: MemberSummary) -> None:
         if on_prompt_group is not None:
             on_prompt_group(summary)
-        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s))
+        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s, summary.resume_counts()))
 
     try:
         gate = _gate(watcher, options.run_batching, hooks)
@@ -145,7 +145,8 @@ def run_prompt_generator(client_kwargs: Mapping[str, Any], topics: Topics, optio
                            generator=options.generator_id, **kwargs) as publisher:
             summary = run_member(client_kwargs, topics, member, make_turns, publisher,
                                  stop=hooks.stop or (lambda: False), progress=progress, gate=gate)
-        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s), final=True)
+        flow.report(generator_flow(summary.gate_held_s, summary.gate_waits, flow.elapsed_s, summary.resume_counts()),
+                    final=True)
     finally:
         flow.close()
         if watcher is not None:

@@ -10,13 +10,20 @@ Contract:
 * ``HttpPromptEngine(engine_url, *, sampling=None, env_factory=None, reward_fn=None, reward_key="reward",
   max_turns=3, timeout_s=120, adapter_slots=None, sample_retries=2)``: ``engine_url`` one URL or several
   (``producers.engine_pool.EnginePool``: a call to an engine that dies goes to the next one, a 4xx goes nowhere
-  else); ``turns(prompt)`` yields ``(sample, publish_turn kwargs)`` for the ``n_samples`` episodes of ``prompt``,
+  else); ``turns(prompt, logged=None)`` yields ``(sample, publish_turn kwargs)`` for the ``n_samples`` episodes of ``prompt``,
   one after another (episode j's turns, then j + 1's), each episode's final turn held back until every sample of
   the group is made (so a group that fails leaves no short group behind): group ``prompt.group_index``, index
   and rollout id ``group_index * n_samples + j``, attempt 0 (a retry's: 1, 2, ...), ``group_size``
   ``n_samples``; every turn carries ``metadata["prompt_id"]`` over the prompt's metadata, the label when it is a
   string (another label in ``metadata["label"]``), ``prompt.text`` as its prompt, and the adapter
   (``AdapterRef(name, adapter_slots.get(name, 0))``; the request asks SGLang for it as ``lora_path``).
+* Resumed from the log (``logged``: per episode the turns a later delivery found there,
+  ``producers.resume_plan.Logged``): an episode continues from them, never asking the engine again. Its logged
+  turns are yielded as they are (the member sends none of them again), the environment is given back each logged
+  observation (``EpisodeEnv.record``: no tool runs for a step whose answer is on the log), and the next turn's
+  context is the last logged turn's tokens and the environment's answer to it (the one step that may run again:
+  its answer never reached the log). A finished episode is yielded whole and nothing is asked. Its attempt is the
+  logged one; a retry of it starts again at turn 0 as the next attempt.
 * Sampling: ``sampling`` (the generator's defaults), then the prompt's own ``sampling`` over them; checked by
   ``engine_request`` before any call: a refusal (``ConfigError``) fails the delivery, nothing sent.
 * Turn 0 is one ``/generate`` call on ``prompt.input_ids``; the answer becomes the turn sample (context, then the
@@ -41,6 +48,7 @@ Contract:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -50,6 +58,7 @@ from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.producers.engine_adapter import turn_from_engine_response
 from rollout_bus.producers.engine_pool import EnginePool
 from rollout_bus.producers.engine_request import check_sampling_params, generate_request
+from rollout_bus.producers.resume_plan import Logged, observation_between
 from rollout_bus.producers.plugins import (DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name,
                                           episode_so_far)
 from rollout_bus.wire.prompt_record import PromptGroup
@@ -77,14 +86,18 @@ class HttpPromptEngine:
         self.sample_retries = int(sample_retries)
         self.adapter_slots = dict(adapter_slots or {})
 
-    def turns(self, prompt: PromptGroup) -> Iterator[tuple[Sample, dict]]:
+    def turns(self, prompt: PromptGroup,
+              logged: Mapping[int, Logged] | None = None) -> Iterator[tuple[Sample, dict]]:
         params = {**self.sampling, **prompt.sampling}
         check_sampling_params(params)  # a refusal fails the delivery before anything is sent
         finals: list[tuple[Sample, dict]] = []  # sent once every sample of the group is made: never a short group
         for j in range(prompt.n_samples):
-            for attempt in range(self.sample_retries + 1):
+            resumed = (logged or {}).get(j)
+            first = resumed.attempt if resumed is not None else 0
+            for attempt in range(first, first + self.sample_retries + 1):
                 try:
-                    for sample, args in self._episode(prompt, j, params, attempt):
+                    for sample, args in self._episode(prompt, j, params, attempt,
+                                                      resumed if attempt == first else None):
                         if args["final"]:
                             finals.append((sample, args))
                         else:
@@ -93,7 +106,7 @@ class HttpPromptEngine:
                 except EngineRefused:
                     raise
                 except EngineError as exc:
-                    if attempt == self.sample_retries:
+                    if attempt == first + self.sample_retries:
                         raise SampleFailed(f"{episode_name(prompt, j)}: its engine calls failed on each of its "
                                            f"{attempt + 1} tries (last: {exc}); its siblings were made, the prompt "
                                            "group is failed") from exc
@@ -117,13 +130,33 @@ class HttpPromptEngine:
             body["lora_path"] = prompt.adapter
         return self.client.post("/generate", body)
 
-    def _episode(self, prompt: PromptGroup, j: int, params: Mapping[str, Any],
-                 attempt: int = 0) -> Iterator[tuple[Sample, dict]]:
+    def _episode(self, prompt: PromptGroup, j: int, params: Mapping[str, Any], attempt: int = 0,
+                 logged: Logged | None = None) -> Iterator[tuple[Sample, dict]]:
         episode = episode_name(prompt, j)
         template = self._template(prompt, j)
         env = self.env.open(prompt, j) if self.env is not None else None
         context, turns = list(prompt.input_ids), []
-        for turn in range(self.max_turns):
+        if logged is not None and logged.turns:  # resumed: the turns the log holds, given back, not asked again
+            for k, sample in enumerate(logged.turns):
+                turns.append(sample)
+                final = logged.finished and k == len(logged.turns) - 1
+                if env is not None and k + 1 < len(logged.turns):
+                    env.record(episode_so_far(turns), observation_between(sample, logged.turns[k + 1]))
+                yield sample, {"turn": k, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+            if logged.finished:
+                return
+            last = turns[-1]
+            observation = None
+            if env is not None and len(turns) < self.max_turns and last.status is Status.COMPLETED:
+                observation = env.step(episode_so_far(turns))
+            if observation is None:  # the environment is done after the last logged turn: that turn is the final one
+                if self.reward is not None:
+                    last = copy.deepcopy(last)
+                    self.reward.apply(last, episode_so_far(turns), episode)
+                yield last, {"turn": len(turns) - 1, "attempt": attempt, "final": True, "group_size": prompt.n_samples}
+                return
+            context = [int(t) for t in last.tokens] + observation
+        for turn in range(len(turns), self.max_turns):
             response = self._call(context, params, prompt)
             sample = turn_from_engine_response(response, context_tokens=context, template=template)
             if sample.status is Status.ABORTED:

@@ -19,7 +19,10 @@ Contract:
   the answer is the token ids to force as the next observation (they become the next turn's context, and the
   merged episode records them as forced tokens: singleton supports, loss 0, log-prob 0), or None: the episode is
   done. ``step`` is not called after a turn that is the last one allowed (``max_turns``) or that did not
-  complete (truncated at ``max_new_tokens``).
+  complete (truncated at ``max_new_tokens``). ``step`` is where side effects happen (a tool runs), so an episode
+  resumed from the log never calls it for a step whose answer is on the log: the env's optional
+  ``record(sample, observation)`` is called instead, with the episode so far and the logged answer, for the
+  env to bring its own state up to date without running anything (an env without it is taken as stateless).
 * The reward protocol: ``fn(sample: Sample)`` with the finished episode (merged) returns a number (a bool
   counts 0/1) or a dict whose ``reward_key`` entry (default ``"reward"``) is that number; the number becomes the
   final turn's ``reward`` and a dict is kept whole, as JSON, in its ``metadata["reward_detail"]``. NaN,
@@ -138,6 +141,17 @@ class EpisodeEnv:
             raise PluginFailed(f"environment {self.name} answered {shown} on {self.episode}: step must return a "
                                "non-empty list of token ids (integers >= 0) or None (the episode is done)")
         return ids
+
+    def record(self, sample: Sample, observation: list[int]) -> None:
+        """A step whose answer is on the log: given back to the env (its ``record``, if it has one), never run."""
+        given = getattr(self.env, "record", None)
+        if given is None:
+            return
+        try:
+            given(sample, list(observation))
+        except Exception as exc:  # noqa: BLE001
+            raise PluginFailed(f"environment {self.name} raised recording a logged step of {self.episode}: "
+                               f"{one_line(exc)}") from exc
 
 
 def _token_ids(answer: Any) -> list[int] | None:

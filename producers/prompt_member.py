@@ -11,8 +11,14 @@ Contract:
 
 * ``run_member(conn, topics, options, make_turns, publisher, stop=..., progress=None, gate=None)`` subscribes to
   rollout.prompts in group ``Topics.group(GENERATORS_GROUP)`` and runs up to ``options.concurrency`` prompt groups
-  at once, each on a worker thread: ``make_turns(prompt)`` yields ``(sample, publish_turn kwargs)`` and every turn is sent with the
-  prompt group's delivery in its ``delivery`` header.
+  at once, each on a worker thread: ``make_turns(prompt, logged)`` yields ``(sample, publish_turn kwargs)`` and every
+  turn is sent with the prompt group's delivery in its ``delivery`` header. Each turn acknowledged is noted on the
+  ledger (a ``progress`` event: which episode, attempt and turn, and where the record is; sent without waiting).
+* A delivery above 1 resumes: the episodes the ledger says the log holds (``PromptLedger.progress``) are read back
+  from rollout.turns by offset (``producers.resume_plan``); ``logged`` hands the engine each episode's logged turns
+  to continue from, and a turn it yields that the log holds byte for byte is not sent again. A finished
+  episode sends nothing; a partial one continues with the ``resumed`` header on its first new turn. A turn the log
+  no longer holds (retention) is said in a WARNING with where, and made again.
 * Before a prompt group starts, the ledger is caught up: a group already ``done`` or ``failed`` is passed over;
   one whose deliveries reached ``options.max_deliveries`` is ``failed`` (and dead-lettered, ``failed_prompt``,
   with the prompt record and why); else a ``claimed`` event with the next delivery is acknowledged first. An
@@ -54,15 +60,21 @@ from rollout_bus.kafka.clients import (ConsumerRebalanceListener, CooperativeSti
                                        KafkaTimeoutError, OffsetAndMetadata, RebalanceInProgressError, TopicPartition,
                                        new_consumer, wait_for_partitions)
 from rollout_bus.kafka.prompt_ledger import LedgerLog
+from rollout_bus.kafka.reader import fetch_records
 from rollout_bus.model.sample import Sample
+from rollout_bus.producers.resume_plan import Logged, ResumePlan, TurnFate
+from rollout_bus.wire.codec import encode_samples
 from rollout_bus.wire.dead_letter import DeadLetter, DlqKind, DlqStage, source_of
-from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup
+from rollout_bus.wire.episode_record import TURN_FIELDS
+from rollout_bus.wire.flow_metrics import ResumeCounts
+from rollout_bus.wire.prompt_record import EpisodeProgress, LedgerEvent, PromptGroup, TurnMark
 from rollout_bus.wire.rollout_key import rollout_key_of
 from rollout_bus.wire.topics import Topics
 
 logger = logging.getLogger(__name__)
 
-MakeTurns = Callable[[PromptGroup], Iterator[tuple[Sample, dict]]]
+# (prompt group, per episode the turns the log holds, decoded) -> its turns in order, as (sample, publish_turn kwargs)
+MakeTurns = Callable[[PromptGroup, Mapping[int, Logged]], Iterator[tuple[Sample, dict]]]
 POLL_MS = 200
 IDLE_CHECK_S = 1.0  # how often an idle member looks whether the run is over
 COMMIT_TIMEOUT_MS = 30_000  # kafka-python 3 was seen to block in a commit without one (its IO thread idle)
@@ -79,6 +91,7 @@ class MemberOptions:
     run_id: str
     concurrency: int = 4
     max_deliveries: int = 3
+    resume: bool = True  # a delivery above 1 continues from the log (False: every turn made and sent again)
     drain_s: float = 30.0
     session_timeout_ms: int = 6000
     max_poll_interval_ms: int = 300_000
@@ -100,12 +113,21 @@ class MemberSummary:
     episodes: list[tuple[str, int]] = field(default_factory=list)
     turns_sent: int = 0
     closed_run: bool = False
+    turns_reused: int = 0  # turns a taken-over delivery found on the log and did not make again
+    tokens_reused: int = 0  # their response tokens
+    episodes_resumed: int = 0  # episodes continued past turn 0 from the log
+    episodes_reused: int = 0  # episodes found finished on the log
+
+    def resume_counts(self) -> ResumeCounts:
+        return ResumeCounts(self.episodes_resumed, self.episodes_reused, self.turns_reused, self.tokens_reused)
 
     def to_json(self) -> dict:
         return {"done": self.done, "failed": self.failed, "handed_back": self.handed_back,
                 "passed_over": self.passed_over, "redelivered": self.redelivered, "gate_waits": self.gate_waits,
                 "gate_held_s": round(self.gate_held_s, 3),
                 "episodes_finished": len(self.episodes), "turns_sent": self.turns_sent, "closed_run": self.closed_run,
+                "turns_reused": self.turns_reused, "tokens_reused": self.tokens_reused,
+                "episodes_resumed": self.episodes_resumed, "episodes_reused": self.episodes_reused,
                 "episodes": [[key, attempt] for key, attempt in self.episodes]}  # (rollout key, attempt) of each
 
 
@@ -117,6 +139,7 @@ class _Task:
     cancel: threading.Event
     epoch: int  # its partition's epoch when it was claimed: moved on, it is not this member's to finish
     future: Future | None = None
+    progress: dict[int, EpisodeProgress] = field(default_factory=dict)  # what the log holds (a delivery above 1)
 
 
 @dataclass
@@ -311,25 +334,76 @@ class _Member:
             self.summary.redelivered += 1
             logger.info("generator=%s takes prompt group %s (group_index %d) at delivery %d", self.options.generator_id,
                         prompt.id, prompt.group_index, delivery)
-        task = _Task(prompt, record, delivery, threading.Event(), self._epoch(record.partition))
+        task = _Task(prompt, record, delivery, threading.Event(), self._epoch(record.partition),
+                     progress=dict(self.ledger.ledger.progress.get(prompt.id, {}))
+                     if delivery > 1 and self.options.resume else {})
         task.future = self.pool.submit(self._generate, task)
         with self.lock:
             self.tasks[(record.partition, record.offset)] = task
 
     def _generate(self, task: _Task) -> list[tuple[str, int]]:
-        """Worker thread: every turn of the prompt group, sent; returns once each is acknowledged."""
+        """Worker thread: every turn of the prompt group, sent (or found on the log); returns once each sent one is
+        acknowledged."""
         futures, episodes = [], []
-        for sample, args in self.make_turns(task.prompt):
+        prompt = task.prompt
+        plan = self._resume_plan(task)
+        for sample, args in self.make_turns(prompt, plan.logged):
             if task.cancel.is_set():
-                raise HandedBack(task.prompt.id)
-            with self.send_lock:  # one sender at a time (never the state lock: the IO thread's listener takes it)
-                futures.append(self.publisher.publish_turn(sample, delivery=task.delivery, **args))
-                self.summary.turns_sent += 1
+                raise HandedBack(prompt.id)
+            j = sample.index - prompt.group_index * prompt.n_samples
+            fate = plan.take(j, sample, args, encode_samples([sample], TURN_FIELDS)) if plan.episodes else TurnFate.SEND
+            if fate is not TurnFate.REUSE:
+                resumed = fate is TurnFate.RESUME
+                with self.send_lock:  # one sender at a time (never the state lock: the IO thread's listener takes it)
+                    future = self.publisher.publish_turn(sample, delivery=task.delivery, resumed=resumed, **args)
+                    self.summary.turns_sent += 1
+                future.add_callback(self._noter(task, j, args, resumed))
+                futures.append(future)
             if args["final"]:
                 episodes.append((rollout_key_of(sample), args["attempt"]))
         for future in futures:
             future.get(timeout=self.publisher.delivery_timeout_s)
+        if plan.episodes:
+            with self.lock:
+                s = self.summary
+                s.turns_reused += plan.reused_turns
+                s.tokens_reused += plan.reused_tokens
+                s.episodes_resumed += plan.resumed_episodes
+                s.episodes_reused += plan.reused_episodes
+            logger.info("generator=%s: prompt group %s delivery %d resumed from the log: %d episode(s) found finished, "
+                        "%d continued, %d turn(s) (%d response tokens) not made again", self.options.generator_id,
+                        prompt.id, task.delivery, plan.reused_episodes, plan.resumed_episodes, plan.reused_turns,
+                        plan.reused_tokens)
         return episodes
+
+    def _resume_plan(self, task: _Task) -> ResumePlan:
+        """What the log holds of the prompt group's episodes (a delivery above 1; nothing for the first)."""
+        if not task.progress:
+            return ResumePlan()
+        wanted: dict[int, set[int]] = {}
+        for held in task.progress.values():
+            for mark in held.marks:
+                wanted.setdefault(mark.partition, set()).add(mark.offset)
+        began = time.monotonic()
+        records = fetch_records(self.conn, self.topics.turns, wanted)
+        plan = ResumePlan.of(task.prompt, task.progress, records)
+        logger.info("generator=%s: prompt group %s delivery %d: %d logged turn(s) of %d episode(s) read back from %s "
+                    "in %.3fs", self.options.generator_id, task.prompt.id, task.delivery, len(records),
+                    len(task.progress), self.topics.turns, time.monotonic() - began)
+        if plan.missing:
+            logger.warning("generator=%s: prompt group %s: %d logged turn(s) are no longer on %s (retention or a "
+                           "deleted topic), so they and what follows are made again: %s", self.options.generator_id,
+                           task.prompt.id, len(plan.missing), self.topics.turns, "; ".join(plan.missing))
+        return plan
+
+    def _noter(self, task: _Task, j: int, args: Mapping[str, Any], resumed: bool) -> Callable[[Any], None]:
+        """The producer callback that notes an acknowledged turn on the ledger (its ``progress`` event)."""
+        def note(metadata: Any) -> None:
+            mark = TurnMark(j, args.get("attempt", 0), args["turn"], bool(args["final"]), resumed,
+                            metadata.partition, metadata.offset)
+            self.ledger.note(LedgerEvent("progress", task.prompt.id, task.delivery, self.options.generator_id,
+                                         mark=mark))
+        return note
 
     def _reap(self) -> None:
         """The prompt groups whose worker is over: done, failed, delivered again or handed back; then commit."""

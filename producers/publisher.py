@@ -113,9 +113,10 @@ class TurnPublisher:
                     config["compression_type"], max_record_bytes, config["delivery_timeout_ms"] / 1000)
 
     def publish_turn(self, sample: Sample, *, turn: int, final: bool, attempt: int = 0, group_size: int,
-                     delivery: int = 0):
+                     delivery: int = 0, resumed: bool = False):
         """Send one turn; returns kafka-python's future (``.get()`` gives the record metadata). ``delivery``: the
-        prompt group's delivery, for a turn made from rollout.prompts (0: no ``delivery`` header)."""
+        prompt group's delivery, for a turn made from rollout.prompts (0: no ``delivery`` header); ``resumed``: the
+        first turn a delivery makes of an episode it resumes (the ``resumed`` header)."""
         key = self._checked_key(sample, turn)
         try:
             value = encode_samples([sample], TURN_FIELDS)
@@ -126,7 +127,8 @@ class TurnPublisher:
                                 f"{len(value)} bytes, over max_record_bytes={self.max_record_bytes} "
                                 "(ROLLOUT_BUS_MAX_RECORD_BYTES)")
         headers = TurnHeaders(turn=turn, attempt=attempt, final=bool(final), group_size=group_size,
-                              sent_at_ms=time.time_ns() // 1_000_000, generator=self.generator, delivery=delivery)
+                              sent_at_ms=time.time_ns() // 1_000_000, generator=self.generator, delivery=delivery,
+                              resumed=resumed)
         return self.send_raw(key, value, headers.to_kafka())
 
     def send_raw(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]):

@@ -179,6 +179,9 @@ class GenerateSettings(BatchingSettings):
     concurrency: int = Field(4, ge=1, le=256)
     max_deliveries: int = Field(3, ge=1)
     turn_latency_ms: float = Field(0.0, ge=0)
+    # a delivery above 1 continues each episode from the turns the log holds (WIRE.md section 15.3); False: makes
+    # and sends every turn again (what a taken-over prompt group cost before resuming: a bench's baseline)
+    resume: bool = True
     member_id: str = ""  # the member's ``generator`` header (default: host and pid, one per process)
 
     @model_validator(mode="after")

@@ -30,6 +30,11 @@ Contract:
   counted, never merged. The open index sums the response tokens its takeovers threw away
   (``EpisodeIndex.takeover_tokens``, kept through later turns and attempts: ``decide`` carries it on, the turn
   merge, which reads the discarded turns, adds to it) for the episode record's ``takeover_tokens`` header.
+  A higher delivery's turn past 0 with the ``resumed`` header *resumes* the open episode instead: the stored
+  turns below it (same attempt) are the ones its generator found on the log and kept (``Decision.keep_turns``);
+  those at or above it (a zombie's, or one whose progress the dead generator never noted) are discarded as a
+  takeover's. Without all the turns below it stored, or of another attempt, it is held (a ``gap`` if never
+  resolved), as any turn ahead of its predecessor.
 * ``finished_index(index, partition, final_offset)`` is the marker kept after emission (or
   abandonment), so late turns are told apart from redeliveries; it is pruned once the partition
   has moved far past it (``rollout_bus.streams.finished_markers``). ``share_final_reward(segments, final)`` gives every sibling segment the
@@ -44,7 +49,7 @@ from __future__ import annotations
 import copy
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from rollout_bus.wire.compact_json import compact_json
@@ -140,6 +145,7 @@ class Decision:
     kind: DlqKind | str = ""
     reason: str = ""  # human-readable, for the DLQ and the log
     takeover: bool = False  # the discarded attempt was another delivery's (a generator that died or was fenced)
+    keep_turns: int = 0  # a resumed episode: the discarded attempt's turns below this are kept, not discarded
 
 
 def index_key(rollout_key: bytes) -> bytes:
@@ -191,6 +197,9 @@ def _decide_delivery(index: EpisodeIndex, headers: TurnHeaders) -> Decision:
         return Decision(Action.REDONE, reason=f"{said}: the episode was finished by delivery {index.delivery}")
     if headers.turn == 0:
         return _accept(headers, index, discard=True)
+    if headers.resumed and headers.attempt == index.attempt and headers.turn <= index.next_turn:
+        resumed = _accept(headers, index, discard=True)
+        return replace(resumed, keep_turns=headers.turn)
     return Decision(Action.HOLD, kind=DlqKind.GAP, reason=f"{said} arrived before its turn 0 (delivery "
                                                      f"{index.delivery} was open)")
 

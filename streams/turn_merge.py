@@ -130,14 +130,16 @@ class TurnMerge:
             self._hold(decision, record, headers)
             return
         if decision.discard_attempt is not None:
+            kept = decision.keep_turns  # a resumed episode keeps the turns below the resumed one
             if decision.takeover:  # another delivery's attempt: its generator died or was fenced
-                tokens = self._response_tokens(record.key, decision.discard_attempt, decision.discard_turns)
-                self.outcomes["taken_over_episodes"] += 1
-                self.outcomes["takeover_turns_discarded"] += decision.discard_turns
+                tokens = self._response_tokens(record.key, decision.discard_attempt, decision.discard_turns, kept)
+                self.outcomes["resumed_episodes" if kept else "taken_over_episodes"] += 1
+                self.outcomes["resumed_turns_kept"] += kept
+                self.outcomes["takeover_turns_discarded"] += decision.discard_turns - kept
                 self.outcomes["takeover_tokens_discarded"] += tokens
                 taken = replace(decision.index, takeover_tokens=decision.index.takeover_tokens + tokens)
                 decision = replace(decision, index=taken)  # the episode record will say what was thrown away
-            for turn in range(decision.discard_turns):
+            for turn in range(kept, decision.discard_turns):
                 self.forget(turn_key(record.key, decision.discard_attempt, turn))
             if not decision.takeover:
                 self.outcomes["superseded_attempts"] += 1
@@ -203,10 +205,10 @@ class TurnMerge:
                 continue
             await self.rejects.unfinished(marker, key[2:], index)
 
-    def _response_tokens(self, key: bytes, attempt: int, count: int) -> int:
-        """The response tokens of an attempt's stored turns 0..count-1 (what a takeover throws away)."""
+    def _response_tokens(self, key: bytes, attempt: int, count: int, first: int = 0) -> int:
+        """The response tokens of an attempt's stored turns first..count-1 (what a takeover throws away)."""
         total = 0
-        for turn in range(count):
+        for turn in range(first, count):
             raw = self.table.get(turn_key(key, attempt, turn))
             if raw is not None:
                 total += self._stored_sample(key, attempt, turn, parse_stored_turn(raw)[2]).response_length

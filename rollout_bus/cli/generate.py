@@ -268,6 +268,8 @@ MAX_DELIVERIES = typer.Option(None, "--max-deliveries", min=1, help="--from-prom
                               "before it is failed and dead-lettered (default 3).")
 TURN_LATENCY_MS = typer.Option(None, "--turn-latency-ms", min=0.0, help="--engine sim: the least time one engine "
                                "call takes, as a real engine's would (default 0).")
+RESUME = typer.Option(None, "--resume/--no-resume", help="--from-prompts: a prompt group taken over continues its "
+                      "episodes from the turns the log holds (default); --no-resume makes every turn again.")
 MEMBER_ID = typer.Option(None, "--member-id", help="--from-prompts: this member's generator id (default: host-pid).")
 
 
@@ -288,7 +290,7 @@ def generate(
     weights_wait_s: float | None = WEIGHTS_WAIT_S, summary_out: Path | None = SUMMARY_OUT,
     from_prompts: bool = FROM_PROMPTS, concurrency: int | None = CONCURRENCY,
     max_deliveries: int | None = MAX_DELIVERIES, turn_latency_ms: float | None = TURN_LATENCY_MS,
-    member_id: str | None = MEMBER_ID, engine_url: list[str] | None = ENGINE_URL, env: str | None = ENV,
+    member_id: str | None = MEMBER_ID, resume: bool | None = RESUME, engine_url: list[str] | None = ENGINE_URL, env: str | None = ENV,
     reward_fn: str | None = REWARD_FN, reward_key: str | None = REWARD_KEY,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
@@ -306,6 +308,7 @@ def generate(
         batching=batching, interrupt_prob=interrupt_prob, engine=engine, generators=generators,
         generator_index=generator_index, weights_wait_s=weights_wait_s, from_prompts=from_prompts or None,
         concurrency=concurrency, max_deliveries=max_deliveries, turn_latency_ms=turn_latency_ms, member_id=member_id,
+        resume=resume,
         engine_url=",".join(engine_url) if engine_url else None, env_factory=env, reward_fn=reward_fn, reward_key=reward_key)
     _check_summary_out(summary_out)
     if settings.from_prompts:

@@ -185,7 +185,8 @@ def run_from_prompts(settings: GenerateSettings, kafka: KafkaSettings, stop_sign
     run = options.plain_values(GeneratorOptions, settings, generator_id=generator_id,
                                run_batching=settings.run_batching(), max_record_bytes=kafka.max_record_bytes)
     member = MemberOptions(generator_id=generator_id, run_id=settings.run_id or DEFAULT_RUN_ID,
-                           concurrency=settings.concurrency, max_deliveries=settings.max_deliveries)
+                           concurrency=settings.concurrency, max_deliveries=settings.max_deliveries,
+                           resume=settings.resume)
     engine = None
     try:
         engine = prompt_engine(settings, kafka)  # before anything is created or consumed

@@ -13,8 +13,9 @@ role          allowed
 every role    DESCRIBE and DESCRIBE_CONFIGS on every topic of the prefix (finding the run's topics and
               their record limits); READ and WRITE on rollout.run (the first stage declares the batching)
 generator     WRITE rollout.turns (turns, end-of-run markers), rollout.dlq, rollout.metrics (its flow);
+              READ rollout.turns (a resumed prompt group's logged turns, by offset);
               READ rollout.weights; READ rollout.prompts, READ and WRITE rollout.prompt_ledger (claimed,
-              done, failed), READ and DESCRIBE its group (``rollout-bus-generators``: the generators that
+              done, failed, progress), READ and DESCRIBE its group (``rollout-bus-generators``: the generators that
               share the prompt groups); WRITE rollout.prompts (an operator's load, below)
 stream        READ rollout.turns, WRITE rollout.turns (a misplaced turn re-routed), rollout.episodes,
               rollout.metrics, rollout.dlq; its group (the Faust app id) and the Faust app's own topics
@@ -90,7 +91,7 @@ def role_bindings(role: str, principal: str, topics: Topics, *, stream_app_id: s
                       + _group(t.group(GROUPS_PREFIX), "DESCRIBE", prefixed=True))
     found = _topic(run_topics, "DESCRIBE", "DESCRIBE_CONFIGS", prefixed=True) + _topic(t.run, "READ", "WRITE")
     if role == "generator":
-        found += (_topic(t.turns, "WRITE") + _topic(t.dlq, "WRITE") + _topic(t.weights, "READ")
+        found += (_topic(t.turns, "READ", "WRITE") + _topic(t.dlq, "WRITE") + _topic(t.weights, "READ")
                   + _topic(t.metrics, "WRITE") + _topic(t.prompts, "READ", "WRITE")
                   + _topic(t.prompt_ledger, "READ", "WRITE") + _group(t.group(generators_group), "READ", "DESCRIBE"))
     elif role == "stream":

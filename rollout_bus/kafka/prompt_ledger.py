@@ -11,7 +11,9 @@ Contract:
   and folds the events into ``ledger`` (a ``PromptLedger``); an event that does not parse is logged once and
   skipped (it names the offset). ``write(event)`` sends one event and waits for its acknowledgement
   (``BrokerError`` if it fails); the event is folded in at once (a ``loaded`` count only when read back).
-  ``send(topic, key, value, headers)``: another record (a dead letter) the same way. ``close()``.
+  ``send(topic, key, value, headers)``: another record (a dead letter) the same way. ``note(event)``: a
+  ``progress`` event sent without waiting (thread-safe; from a producer callback too): one that is lost costs only
+  the turn it marks being made again by a later delivery, so none holds a turn back. ``close()`` flushes them.
 * ``read_ledger(conn, topics)``: the ledger as it is now (a ``LedgerLog`` caught up once, then closed).
 """
 
@@ -87,7 +89,22 @@ class LedgerLog:
         except KafkaError as exc:
             raise BrokerError(f"cannot write to {topic}: {exc}") from exc
 
+    def note(self, event: LedgerEvent) -> None:
+        """Send ``event`` without waiting for it (see the module docstring); a failure is logged."""
+        def failed(exc: BaseException) -> None:
+            logger.warning("a %s event of prompt group %r was not written to %s (%s): a later delivery makes that "
+                           "turn again", event.event, event.prompt, self.topic, exc)
+        try:
+            self._producer.send(self.topic, key=event.key(), value=event.value(),
+                                headers=event.headers()).add_errback(failed)
+        except KafkaError as exc:
+            failed(exc)
+
     def close(self) -> None:
+        try:
+            self._producer.flush(timeout=ACK_TIMEOUT_S)
+        except KafkaError as exc:
+            logger.warning("progress events of %s not all flushed: %s", self.topic, exc)
         try:
             self._producer.close()
         finally:

@@ -32,7 +32,9 @@ Contract:
   produced later are not read). ``read_ranges(consumer, ranges)`` yields every record of the
   ranges (per partition in offset order) and stops once each partition reaches its stop.
   ``fetch_record(conn, position)`` returns the one record at a position; ``ConfigError`` when the
-  offset is out of range or holds no record.
+  offset is out of range or holds no record. ``fetch_records(conn, topic, offsets)`` returns the records at many
+  offsets (``{partition: offsets}``), each partition read once over the span of its offsets; an offset the log no
+  longer holds (retention, a deleted topic) is absent from the answer, for the caller to report.
 """
 
 from __future__ import annotations
@@ -341,6 +343,27 @@ def read_ranges(consumer: KafkaConsumer, ranges: Iterable[PartitionRange],
             del todo[tp]
         if todo and time.monotonic() - last_progress > STALL_S:
             raise BrokerError(f"no records for {STALL_S:.0f}s while reading {', '.join(map(str, todo.values()))}")
+
+
+def fetch_records(conn: Mapping[str, Any], topic: str, offsets: Mapping[int, Iterable[int]]) -> dict[tuple[int, int], Any]:
+    """The records at ``offsets`` of ``topic`` by (partition, offset) (see the module docstring)."""
+    wanted = {p: set(os) for p, os in offsets.items() if os}
+    if not wanted:
+        return {}
+    consumer = open_reader(conn)
+    try:
+        tps = [TopicPartition(topic, p) for p in wanted]
+        begins = consumer.beginning_offsets(tps)
+        ends = consumer.end_offsets(tps)
+        spans = []
+        for tp in tps:
+            held = [o for o in wanted[tp.partition] if begins[tp] <= o < ends[tp]]
+            if held:
+                spans.append(PartitionRange(topic, tp.partition, min(held), max(held) + 1))
+        return {(record.partition, record.offset): record for record in read_ranges(consumer, spans)
+                if record.offset in wanted[record.partition]}
+    finally:
+        consumer.close()
 
 
 def fetch_record(conn: Mapping[str, Any], position: Position) -> Any:

@@ -8,7 +8,7 @@ the defaults here), so another environment and reward plug in the same way.
 
 Contract:
 
-* ``PolicyPromptEngine(settings, engine, env=None, reward=None)``: ``turns(prompt)`` yields ``(sample,
+* ``PolicyPromptEngine(settings, engine, env=None, reward=None)``: ``turns(prompt, logged=None)`` yields ``(sample,
   publish_turn kwargs)`` for the ``n_samples`` episodes of ``prompt``: group ``prompt.group_index``, indices
   ``group_index * n_samples + j``, the prompt's ``input_ids`` as context (each must be a token of the policy's
   vocabulary, else ``ContractError`` naming the prompt: the delivery fails), ``prompt.text`` and a string label
@@ -18,7 +18,10 @@ Contract:
   sampling (else ``TURN_TOKENS``). After a turn, ``env.step(episode so far, merged)`` gives the observation to
   force (the next context) or None, and never past ``settings.max_turns`` turns; the final turn carries
   ``reward(merged episode)``. A prompt's other sampling parameters are refused (the policy samples with the
-  generator's ``--temperature``/``--top-p``/``--top-k``/``--min-p``).
+  generator's ``--temperature``/``--top-p``/``--top-k``/``--min-p``). ``logged`` (the turns a resumed delivery
+  found on the log) changes nothing: every turn is sampled again (a turn the same weights make again is the
+  logged one, byte for byte, and is not sent; one the weights since changed make differently is sent, resuming
+  the episode there).
 * Thread-safe: the member runs prompt groups on worker threads; one engine call at a time (the engine reads
   rollout.weights between decode steps, on a consumer of its own).
 """
@@ -26,7 +29,7 @@ Contract:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -38,6 +41,7 @@ from rollout_bus.learn.task import TURN_TOKENS
 from rollout_bus.model.sample import AdapterRef, Sample
 from rollout_bus.policy.vocab import VOCAB
 from rollout_bus.producers.groups import GroupSpec, parse_adapters
+from rollout_bus.producers.resume_plan import Logged
 from rollout_bus.producers.plugins import EnvPlugin, RewardPlugin, episode_name, episode_so_far
 from rollout_bus.wire.prompt_record import PromptGroup
 
@@ -70,7 +74,8 @@ class PolicyPromptEngine:
                                 f"token of the policy's vocabulary (0..{len(VOCAB) - 1})")
         return ids, int(prompt.sampling.get(TURN_LENGTH, TURN_TOKENS))
 
-    def turns(self, prompt: PromptGroup) -> Iterator[tuple[Sample, dict]]:
+    def turns(self, prompt: PromptGroup,
+              logged: Mapping[int, Logged] | None = None) -> Iterator[tuple[Sample, dict]]:
         context, tokens = self._checked(prompt)
         adapter = AdapterRef(prompt.adapter, self.slots.get(prompt.adapter, 0)) if prompt.adapter else None
         n = prompt.n_samples

@@ -16,7 +16,11 @@ Contract:
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 BOS = 1
 SUMMARY = 2
@@ -75,20 +79,34 @@ class ToolEnvEpisode:
     """One episode of the built-in tool environment as an ``--env`` plug-in (``tool_env``): after each turn, a
     seeded observation (``USER`` and content ids), until a seeded number of them (0 to 3) was given. What it
     answers depends on the prompt's id, the sample index and the step only: any generator, any delivery, the
-    same episode. ``steps`` counts its calls (a test can count them)."""
+    same episode. ``executed`` counts the tool calls it ran (each logged at INFO, so a test counts them across
+    processes); ``record(sample, observation)`` takes back a step a resumed episode found on the log: its state
+    moves on as if the call had run, and nothing runs."""
 
     def __init__(self, prompt_id: str, sample_index: int, vocab_size: int) -> None:
         words = [int(b) for b in prompt_id.encode("utf-8")]
         self.rng = np.random.default_rng([_TOOL_ENV_STREAM, int(sample_index), len(words), *words])
         self.env = ToolEnvironment(vocab_size)
         self.observations = int(self.rng.integers(0, TOOL_ENV_MAX_OBSERVATIONS + 1))
-        self.steps = 0
+        self.prompt_id, self.sample_index = prompt_id, sample_index
+        self.steps = 0  # steps taken, run or recorded
+        self.executed = 0
 
     def step(self, _sample) -> list[int] | None:
         self.steps += 1
         if self.steps > self.observations:
             return None
+        self.executed += 1
+        logger.info("tool call executed: prompt group %s episode %d step %d", self.prompt_id, self.sample_index,
+                    self.steps)
         return [int(t) for t in self.env.observation(self.rng)]
+
+    def record(self, _sample, observation: list[int]) -> None:
+        self.steps += 1
+        answer = [int(t) for t in self.env.observation(self.rng)]  # the same draw: the state moves on
+        if answer != list(observation):
+            raise ValueError(f"the logged observation of step {self.steps} is not this environment's answer "
+                             f"(prompt group {self.prompt_id}, episode {self.sample_index})")
 
 
 def tool_env(prompt, sample_index: int) -> ToolEnvEpisode:

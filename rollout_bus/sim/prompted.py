@@ -7,12 +7,14 @@ makes it, when, or how many groups it runs beside it.
 
 Contract:
 
-* ``SimPromptEngine(settings, turn_latency_s=0)``: ``turns(prompt)`` yields ``(sample, publish_turn kwargs)``
+* ``SimPromptEngine(settings, turn_latency_s=0)``: ``turns(prompt, logged=None)`` yields ``(sample, publish_turn kwargs)``
   for the ``n_samples`` episodes of ``prompt``: group ``prompt.group_index``, sample indices
   ``group_index * n_samples + j``, the record's sampling parameters over the settings', its token ids folded
   into the engine's vocabulary (``id % vocab_size``), ``metadata["prompt_id"]`` on every turn and the label when
   it is a string. Each round of engine calls takes at least ``turn_latency_s`` (a real engine's latency, so a
-  fault can land mid-turn). Thread-safe: the policy is shared, read-only (the caller sets torch's threads once).
+  fault can land mid-turn), except a round whose every live episode's turn the log already holds (``logged``: per
+  episode the turns a resumed delivery found on the log, which it makes again only to reach the same draws, and
+  the member does not send: a resumed episode costs the latency of the turns it still lacks). Thread-safe: the policy is shared, read-only (the caller sets torch's threads once).
 * ``reward_fn`` (a ``rollout_bus.producers.plugins.RewardPlugin``, ``--reward-fn``): the final turn's reward is
   what it gives for the episode's attempt merged (its last segment when the history was compacted) instead of
   the tool environment's; one that raises fails the delivery (``PluginFailed``). ``--env`` does not apply here.
@@ -21,13 +23,14 @@ Contract:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
 from rollout_bus.config import GenerateSettings
 from rollout_bus.model.sample import AdapterRef, Sample
 from rollout_bus.producers.groups import GroupSpec, parse_adapters
+from rollout_bus.producers.resume_plan import Logged
 from rollout_bus.producers.plugins import RewardPlugin, episode_name, episode_so_far
 from rollout_bus.sim.environment import ToolEnvironment
 from rollout_bus.sim.episode import Episode, EpisodeId
@@ -57,7 +60,8 @@ class SimPromptEngine:
             update["min_response_len"] = min(self.settings.min_response_len, update["max_response_len"])
         return self.settings.model_copy(update=update) if update else self.settings
 
-    def turns(self, prompt: PromptGroup) -> Iterator[tuple[Sample, dict]]:
+    def turns(self, prompt: PromptGroup,
+              logged: Mapping[int, Logged] | None = None) -> Iterator[tuple[Sample, dict]]:
         settings = self._settings_for(prompt)
         params = sampling_params(settings)
         adapter = AdapterRef(prompt.adapter, self.slots.get(prompt.adapter, 0)) if prompt.adapter else None
@@ -67,9 +71,19 @@ class SimPromptEngine:
         episodes = [Episode(EpisodeId(adapter, group.group_index, group.first_index + j, n), settings, self.env,
                             prompt.text or "", tokens) for j in range(n)]
         pace = _Pace(self.turn_latency_s)
+        made = [0] * n  # turns made per episode so far
+
+        def engine_call() -> None:
+            if any(j not in (logged or {}) or made[j] >= len(logged[j].turns) for j, e in enumerate(episodes)
+                   if not e.done):
+                pace()  # a turn the log does not hold yet: a real engine call
+            else:
+                pace.since = time.monotonic()
+
         attempts: dict[int, tuple[int, list[Sample]]] = {}  # sample index -> (attempt, its turns so far)
         for sample, args in group_turns(settings, group, episodes, self.policy, params, None,
-                                        [settings.policy_version], engine_call=pace):
+                                        [settings.policy_version], engine_call=engine_call):
+            made[sample.index - group.first_index] += 1
             sample.metadata = {**sample.metadata, "prompt_id": prompt.id}
             if isinstance(prompt.label, str):
                 sample.label = prompt.label

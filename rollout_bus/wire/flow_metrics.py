@@ -13,7 +13,11 @@ of ``elapsed_s``, 0.0 when it is 0):
 * ``flow_metrics_record(stage, source, metrics, elapsed_s=, final=)``: a generator's or a trainer's flow
   since it started (``FLOW_STAGES``), key ``flow_key(stage, source)``.
 * ``generator_flow(blocked_s, waits, elapsed_s)``: ``GATE_BLOCKED_S`` (seconds the staleness gate held
-  groups back), ``GATE_BLOCKED_FRACTION``, ``GATE_WAITS``.
+  groups back), ``GATE_BLOCKED_FRACTION``, ``GATE_WAITS``; a member of the generator group
+  (``--from-prompts``) adds, with ``resumed=ResumeCounts(...)``, what resuming taken-over prompt groups from the
+  log saved: ``RESUMED_EPISODES`` (continued past turn 0), ``REUSED_EPISODES`` (found finished), ``REUSED_TURNS``
+  and ``REUSED_TOKENS`` (turns and response tokens the log held, not made again). The tokens made again
+  after all (what a takeover threw away) are the batches' ``discarded_tokens(CAUSE_TAKEOVER)``.
 * ``trainer_flow(waited_s, steps, elapsed_s)``: ``TRAINER_WAIT_S`` (seconds spent waiting for the next
   batch), ``TRAINER_WAIT_FRACTION``, ``TRAINER_STEPS``. ``WAIT_KEYS`` names each stage's three.
 * A batch's flow (the shard writer's ``consumers.shard_writer.flow.batch_flow``): ``SAMPLE_AGE_KEYS``
@@ -37,6 +41,10 @@ FLOW_PREFIX = "flow/"  # every flow key starts with it (after ``rollout/`` once 
 GATE_BLOCKED_S = "flow/generator/gate_blocked_s"
 GATE_BLOCKED_FRACTION = "flow/generator/gate_blocked_fraction"
 GATE_WAITS = "flow/generator/gate_waits"
+RESUMED_EPISODES = "flow/generator/resumed_episodes"
+REUSED_EPISODES = "flow/generator/reused_episodes"
+REUSED_TURNS = "flow/generator/reused_turns"
+REUSED_TOKENS = "flow/generator/reused_tokens"
 TRAINER_WAIT_S = "flow/trainer/wait_s"
 TRAINER_WAIT_FRACTION = "flow/trainer/wait_fraction"
 TRAINER_STEPS = "flow/trainer/steps"
@@ -99,9 +107,23 @@ def _fraction(part: float, whole: float) -> float:
     return min(1.0, part / whole) if whole > 0 else 0.0
 
 
-def generator_flow(blocked_s: float, waits: int, elapsed_s: float) -> dict[str, float]:
-    return {GATE_BLOCKED_S: float(blocked_s), GATE_BLOCKED_FRACTION: _fraction(blocked_s, elapsed_s),
+class ResumeCounts(NamedTuple):
+    """What a member of the generator group kept of taken-over prompt groups (see the module docstring)."""
+
+    resumed_episodes: int
+    reused_episodes: int
+    reused_turns: int
+    reused_tokens: int
+
+
+def generator_flow(blocked_s: float, waits: int, elapsed_s: float,
+                   resumed: ResumeCounts | None = None) -> dict[str, float]:
+    flow = {GATE_BLOCKED_S: float(blocked_s), GATE_BLOCKED_FRACTION: _fraction(blocked_s, elapsed_s),
             GATE_WAITS: float(waits)}
+    if resumed is not None:
+        flow.update({RESUMED_EPISODES: float(resumed.resumed_episodes), REUSED_EPISODES: float(resumed.reused_episodes),
+                     REUSED_TURNS: float(resumed.reused_turns), REUSED_TOKENS: float(resumed.reused_tokens)})
+    return flow
 
 
 def trainer_flow(waited_s: float, steps: int, elapsed_s: float) -> dict[str, float]:

@@ -28,6 +28,10 @@ HEADER_GENERATOR = "generator"
 # rollout.prompt_ledger; WIRE.md section 4.2). A higher delivery takes an episode over from a generator that died;
 # a lower one is a zombie's late turn, fenced. Absent (0) for a generator that plans its own groups.
 HEADER_DELIVERY = "delivery"
+# Optional, ``1`` on the first turn a delivery publishes for an episode it resumes (WIRE.md section 4.2): the
+# turns below it are the ones the log already holds (an earlier delivery's, kept), not made again. Only with
+# ``delivery`` and a turn above 0.
+HEADER_RESUMED = "resumed"
 # Optional, on a rollout.episodes data record: the response tokens that generator takeovers threw away for the
 # episode (the stored turns of the lower deliveries' attempts, discarded when a higher delivery made it again;
 # WIRE.md section 5.1), ASCII decimal >= 1; absent when none. The shard writer's batch flow counts them (cause
@@ -65,6 +69,7 @@ class TurnHeaders:
     schema: str = SCHEMA_VERSION
     generator: str | None = None
     delivery: int = 0
+    resumed: bool = False
 
     def to_kafka(self) -> list[tuple[str, bytes]]:
         headers = [(HEADER_TURN, str(self.turn).encode()), (HEADER_ATTEMPT, str(self.attempt).encode()),
@@ -74,6 +79,8 @@ class TurnHeaders:
             headers.append((HEADER_GENERATOR, check_generator_id(self.generator).encode()))
         if self.delivery:
             headers.append((HEADER_DELIVERY, str(self.delivery).encode()))
+        if self.resumed:
+            headers.append((HEADER_RESUMED, b"1"))
         return headers
 
     @classmethod
@@ -102,9 +109,18 @@ class TurnHeaders:
         generator = found.get(HEADER_GENERATOR)
         if generator is not None:
             generator = check_generator_id(bytes(generator).decode("ascii", "replace"))
-        return cls(turn=integer(HEADER_TURN, 0), attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
+        turn = integer(HEADER_TURN, 0)
+        delivery = integer(HEADER_DELIVERY, 1) if HEADER_DELIVERY in found else 0
+        resumed = found.get(HEADER_RESUMED)
+        if resumed is not None:
+            if bytes(resumed) != b"1":
+                raise ContractError(f"header {HEADER_RESUMED!r} must be 1 when present (got {bytes(resumed)!r})")
+            if not delivery or turn == 0:
+                raise ContractError(f"header {HEADER_RESUMED!r} needs a {HEADER_DELIVERY!r} header and a turn above 0 "
+                                    f"(got delivery {delivery}, turn {turn})")
+        return cls(turn=turn, attempt=integer(HEADER_ATTEMPT, 0), final=bool(final),
                    group_size=integer(HEADER_GROUP_SIZE, 1), sent_at_ms=integer(HEADER_SENT_AT, 0), schema=schema,
-                   generator=generator, delivery=integer(HEADER_DELIVERY, 1) if HEADER_DELIVERY in found else 0)
+                   generator=generator, delivery=delivery, resumed=resumed is not None)
 
 
 def check_generator_id(generator: str) -> str:

@@ -15,6 +15,11 @@ Contract:
   acknowledged on rollout.turns), ``failed`` (given up after ``d`` deliveries, ``reason`` says why); and, keyed
   ``LOADED_KEY``, ``loaded`` (a load finished: ``count`` new prompt groups, all acknowledged). A prompt group's
   deliveries count its ``claimed`` events: the count Kafka's share groups keep per record, kept here in the log.
+  ``progress`` (one turn of delivery ``d`` acknowledged on rollout.turns: ``mark``, a ``TurnMark`` saying which
+  episode, attempt and turn, and where the record is) is what a later delivery resumes from.
+* ``PromptLedger`` folds the events: deliveries, ends, the loaded count, and per prompt group still in flight the
+  progress of each episode (``EpisodeProgress``: the turns the log holds, in the stream stage's own terms, so a
+  generator that takes the group over continues from where the stream will keep it; forgotten at the end).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from rollout_bus.wire.headers import HEADER_SCHEMA, SCHEMA_VERSION
 from rollout_bus.wire.record_fields import record_fields
 
 LOADED_KEY = b"loaded"
-EVENTS = ("claimed", "done", "failed", "loaded")
+EVENTS = ("claimed", "done", "failed", "loaded", "progress")
 SAMPLING_KEYS = {"temperature": (int, float), "top_p": (int, float), "top_k": (int,), "min_p": (int, float),
                  "max_new_tokens": (int,)}
 
@@ -111,6 +116,67 @@ class PromptGroup:
 
 
 @dataclass(frozen=True)
+class TurnMark:
+    """One acknowledged turn of a prompt group's episode: episode ``sample`` (0..n_samples-1), its ``attempt`` and
+    ``turn`` headers, ``final``, ``resumed`` (the turn carries the ``resumed`` header), and the record's place on
+    rollout.turns (``partition``, ``offset``)."""
+
+    sample: int
+    attempt: int
+    turn: int
+    final: bool
+    resumed: bool
+    partition: int
+    offset: int
+
+    def __post_init__(self) -> None:
+        for name in ("sample", "attempt", "turn", "partition", "offset"):
+            if not _is_int(getattr(self, name), 0):
+                raise ContractError(must_be(f"progress mark field {name!r}", "an integer >= 0", getattr(self, name)))
+        for name in ("final", "resumed"):
+            if not isinstance(getattr(self, name), bool):
+                raise ContractError(must_be(f"progress mark field {name!r}", "true or false", getattr(self, name)))
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> "TurnMark":
+        if not isinstance(doc, dict) or set(doc) != set(cls.__dataclass_fields__):
+            raise ContractError(must_be("ledger event field 'mark'", f"an object of {sorted(cls.__dataclass_fields__)}",
+                                        doc))
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class EpisodeProgress:
+    """What the log holds of one episode of a prompt group in flight: the delivery and attempt it is at, and its
+    turns 0..n-1 (``marks``); ``finished`` once the last is final."""
+
+    delivery: int
+    attempt: int
+    marks: tuple[TurnMark, ...]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.marks) and self.marks[-1].final
+
+    def then(self, delivery: int, mark: TurnMark) -> "EpisodeProgress":
+        """The progress after ``mark`` of ``delivery`` is acknowledged, as the stream stage decides (WIRE.md 4.2):
+        a lower delivery is fenced, a higher one takes over at turn 0 or resumes with the turns below its
+        ``resumed`` turn; within a delivery a higher attempt starts again at turn 0, the next turn extends it.
+        A mark that fits none of these (it cannot be merged) leaves the progress as it was."""
+        if self.finished or delivery < self.delivery:
+            return self
+        if mark.turn == 0 and (delivery > self.delivery or mark.attempt > self.attempt):
+            return EpisodeProgress(delivery, mark.attempt, (mark,))
+        if mark.attempt != self.attempt:
+            return self
+        if delivery > self.delivery and mark.resumed and mark.turn <= len(self.marks):
+            return EpisodeProgress(delivery, mark.attempt, self.marks[:mark.turn] + (mark,))
+        if delivery == self.delivery and mark.turn == len(self.marks):
+            return EpisodeProgress(delivery, mark.attempt, self.marks + (mark,))
+        return self
+
+
+@dataclass(frozen=True)
 class LedgerEvent:
     """One event of a prompt group's life (or a finished load), on rollout.prompt_ledger."""
 
@@ -120,6 +186,7 @@ class LedgerEvent:
     generator: str = ""
     reason: str = ""
     count: int = 0  # ``loaded``: how many new prompt groups the load added
+    mark: TurnMark | None = None  # ``progress`` only: the turn acknowledged
 
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
@@ -130,6 +197,9 @@ class LedgerEvent:
         if not _is_int(self.delivery, 0) or not _is_int(self.count, 0):
             raise ContractError(must_be("ledger event delivery and count", "integers >= 0",
                                         (self.delivery, self.count)))
+        if (self.event == "progress") != (self.mark is not None):
+            raise ContractError(must_be(f"ledger event {self.event!r} field 'mark'",
+                                        "a turn mark" if self.event == "progress" else "absent", self.mark))
 
     def key(self) -> bytes:
         return LOADED_KEY if self.event == "loaded" else self.prompt.encode()
@@ -139,13 +209,17 @@ class LedgerEvent:
         return [(HEADER_SCHEMA, SCHEMA_VERSION.encode())]
 
     def value(self) -> bytes:
-        return compact_json(asdict(self))
+        doc = asdict(self)
+        if self.mark is None:
+            del doc["mark"]  # the six fields every event has; only progress carries a seventh
+        return compact_json(doc)
 
     @classmethod
     def from_value(cls, value: bytes | None) -> "LedgerEvent":
         doc = record_fields(value, "ledger event", {"event": str, "prompt": str, "delivery": int, "generator": str,
                                                     "reason": str, "count": int}, ())
-        return cls(**{name: doc[name] for name in cls.__dataclass_fields__})
+        mark = TurnMark.from_doc(doc.get("mark")) if doc.get("event") == "progress" else None
+        return cls(**{name: doc[name] for name in cls.__dataclass_fields__ if name != "mark"}, mark=mark)
 
 
 @dataclass
@@ -158,9 +232,18 @@ class PromptLedger:
     reasons: dict[str, str] = field(default_factory=dict)  # failed prompt id -> why
     loaded: int = 0
     claimant: dict[str, str] = field(default_factory=dict)  # prompt id -> the generator of its latest delivery
+    # prompt id (in flight) -> episode (sample) -> what the log holds of it; dropped when the group ends
+    progress: dict[str, dict[int, EpisodeProgress]] = field(default_factory=dict)
 
     def take(self, event: LedgerEvent) -> None:
-        if event.event == "loaded":
+        if event.event == "progress":
+            if event.prompt not in self.ended and event.mark is not None:
+                episodes = self.progress.setdefault(event.prompt, {})
+                held = episodes.get(event.mark.sample)
+                if held is None:
+                    held = EpisodeProgress(0, 0, ())
+                episodes[event.mark.sample] = held.then(event.delivery, event.mark)
+        elif event.event == "loaded":
             self.loaded += event.count
         elif event.event == "claimed":
             if event.delivery >= self.deliveries.get(event.prompt, 0):
@@ -168,6 +251,7 @@ class PromptLedger:
             self.deliveries[event.prompt] = max(self.deliveries.get(event.prompt, 0), event.delivery)
         else:
             self.ended.setdefault(event.prompt, event.event)
+            self.progress.pop(event.prompt, None)
             if event.event == "failed":
                 self.reasons.setdefault(event.prompt, event.reason)
 

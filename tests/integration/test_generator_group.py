@@ -71,10 +71,13 @@ class Run:
     def ledger(self) -> dict[str, int]:
         return ledger_counts(self.client_kwargs, self.topics)
 
-    def holds(self, member: Member) -> bool:
-        """Whether ``member`` has a prompt group claimed and not yet done, as the ledger says."""
+    def holds(self, member: Member, *, turns: int = 0) -> bool:
+        """Whether ``member`` has a prompt group claimed and not yet done, as the ledger says (with ``turns``: one
+        with at least that many of its turns acknowledged and noted)."""
         ledger = read_ledger(self.client_kwargs, self.topics)
-        return any(g == member.name and p not in ledger.ended for p, g in ledger.claimant.items())
+        return any(g == member.name and p not in ledger.ended
+                   and sum(len(e.marks) for e in ledger.progress.get(p, {}).values()) >= turns
+                   for p, g in ledger.claimant.items())
 
     def finish(self) -> dict[str, str]:
         """Wait for the run to close itself and the writer to write its last batch; the shards' digests."""
@@ -144,12 +147,12 @@ def undisturbed(kafka_bootstrap, tmp_path_factory) -> dict[str, str]:
 def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
         new_run, undisturbed):
     run = new_run(synthetic_prompts(GROUPS, SAMPLES))
-    # the victim slow (3 s an engine call): a prompt group it claimed is in flight for seconds, so the test sees it
-    # holding one before the others finish the run, however loaded the machine (the shards do not depend on pace)
+    # the victim alone and slow (3 s an engine call): it holds prompt groups in flight, some of their turns on the
+    # log, when it is killed, however loaded the machine (the shards do not depend on pace); the others start after
     victim = run.member("--turn-latency-ms", "3000", "--concurrency", "2")
+    wait_until(lambda: run.holds(victim, turns=1), 120, "the victim holding a prompt group with a turn on the log")
+    victim.kill()  # kill -9 with a prompt group in flight: a claim without a done, some of its turns published
     others = [run.member(*PACED) for _ in range(2)]
-    wait_until(lambda: run.ledger()["done"] >= 2 and run.holds(victim), 120, "the victim holding a prompt group")
-    victim.kill()  # kill -9 with a prompt group in flight: a claim without a done
     digests = run.finish()
     assert digests == undisturbed
     ledger = run.ledger()
@@ -157,6 +160,11 @@ def test_a_member_killed_mid_group_costs_nothing_its_groups_are_delivered_again(
     assert ledger["redelivered"] >= 1, ledger
     assert all(m.summary()["closed_run"] or m.summary()["done"] >= 0 for m in others)
     assert run.takeover_tokens_in_batches() == run.takeover_tokens_discarded()
+    # resumed from the log, not made again: the takers found the victim's turns and sent them no second time
+    summaries = [m.summary() for m in others]
+    assert sum(s["turns_reused"] for s in summaries) >= 1, summaries
+    counts = run.worker.counts()
+    assert counts.get("resumed_episodes", 0) + sum(s["episodes_reused"] for s in summaries) >= 1, counts
 
 
 def test_a_zombie_back_from_sigstop_is_fenced_and_the_shards_are_unchanged(

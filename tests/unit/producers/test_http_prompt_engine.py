@@ -145,3 +145,40 @@ def test_a_plugin_that_raises_stops_the_episode_before_its_final_turn_is_sent(en
             sent.append(args)
     assert message in str(failed.value)
     assert not any(args["final"] for args in sent)
+
+
+def test_a_resumed_episode_continues_from_its_logged_turns_without_asking_the_engine_or_running_their_tools(
+        engine, caplog):
+    """The built-in tool env: episode 0 of this prompt has two observations (three turns). Two of its turns on the
+    log: the engine is asked for the third only, the tool call between them is given back from the log (not run),
+    and what the resumed group yields is the undisturbed group, byte for byte."""
+    import logging
+
+    from rollout_bus.producers.resume_plan import Logged
+    from rollout_bus.wire.codec import decode_samples, encode_samples
+    from rollout_bus.wire.episode_record import TURN_FIELDS
+
+    completing(engine)
+    prompt = PromptGroup("p-tools-1", 0, [5, 6, 7], 2, metadata={"vocab_size": 50})
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS, env_factory=load_env("rollout_bus.sim.environment:tool_env"),
+                            reward_fn=load_reward("tests.prompt_plugins:response_length"), max_turns=6)
+    with caplog.at_level(logging.INFO, logger="rollout_bus.sim.environment"):
+        undisturbed = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt)]
+        ran_undisturbed = sum("tool call executed: prompt group p-tools-1 episode 0" in m for m in caplog.messages)
+    episode_0 = [(value, a) for value, a in undisturbed if a["turn"] >= 0 and decode_samples(value, TURN_FIELDS)[0][0]
+                 .index == 0]
+    assert len(episode_0) == 3 and ran_undisturbed == 2, "the test's premise: three turns, two tool calls"
+    asked = len(engine.requests)
+    logged = {0: Logged(0, tuple(decode_samples(value, TURN_FIELDS)[0][0] for value, _ in episode_0[:2]), False)}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rollout_bus.sim.environment"):
+        resumed = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, logged)]
+        ran = sum("tool call executed: prompt group p-tools-1 episode 0" in m for m in caplog.messages)
+    assert sorted(resumed, key=lambda r: (r[1]["turn"], r[0])) == sorted(undisturbed, key=lambda r: (r[1]["turn"], r[0]))
+    assert len(engine.requests) - asked == asked - 2  # every call again but the two logged turns
+    assert ran == 1  # the step between the logged turns came back from the log; the step after them ran again
+    finished = {0: Logged(0, tuple(decode_samples(value, TURN_FIELDS)[0][0] for value, _ in episode_0), True)}
+    before = len(engine.requests)
+    again = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, finished)]
+    assert sorted(again, key=lambda r: (r[1]["turn"], r[0])) == sorted(undisturbed, key=lambda r: (r[1]["turn"], r[0]))
+    assert len(engine.requests) - before == asked - 3  # a finished episode asks nothing

@@ -1,0 +1,145 @@
+"""What a generator that takes a prompt group over keeps of the episodes the log already holds.
+
+Why: an episode is many turns, each an engine call (and a tool call) of seconds; a generator that dies costs a
+fleet all of them unless the next delivery continues from what was published. The ledger's ``progress`` events
+say, per episode, which turns the log holds (``rollout_bus.wire.prompt_record.EpisodeProgress``, folded as the
+stream stage decides), and where; the records themselves are read back from rollout.turns by offset. Pure:
+the caller reads the ledger and fetches the records.
+
+Contract:
+
+* ``ResumePlan.of(prompt, progress, records)``: ``progress`` maps an episode (sample ``j``) to its
+  ``EpisodeProgress``, ``records`` the fetched turn records by (partition, offset). An episode keeps the turns
+  whose records were found, from turn 0 up to the first that is missing (``missing`` names the rest: the log no
+  longer holds them, retention; said loudly by the caller, and they are made again).
+* ``logged`` maps each episode to its ``Logged`` turns, decoded (turn 0 up, of the attempt the log holds, and
+  whether the last is final): an engine
+  continues from them (a real engine: from their tokens, its environment given back the observations between
+  them, never executed again) or makes them again without its latency (the seeded engine, to reach the same
+  draws). A record that does not decode counts as missing.
+* ``take(j, sample, args, value)``, for each turn the engine makes in order (``value``: its encoded payload),
+  says what to do with it: ``REUSE`` (the log holds this very turn, byte for byte and as final or not: not sent
+  again), ``RESUME``
+  (the first turn sent for an episode that continues past turn 0: sent with the ``resumed`` header, the turns
+  below it kept) or ``SEND``. An engine whose turn differs from the logged one (another engine, other weights)
+  continues from the last turn that matched: that one and what follows are sent. Turns of an attempt below the
+  logged one were superseded on the log: reused.
+* Counts for the generator's summary: ``reused_turns``, ``reused_tokens``, ``resumed_episodes`` (continued past
+  turn 0), ``reused_episodes`` (found finished).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rollout_bus.errors import ContractError
+from rollout_bus.model.sample import Sample
+from rollout_bus.wire.codec import decode_samples
+from rollout_bus.wire.episode_record import TURN_FIELDS
+from rollout_bus.wire.prompt_record import EpisodeProgress, PromptGroup
+
+
+@dataclass(frozen=True)
+class Logged:
+    """An episode's turns the log holds, decoded: turn 0 up, of ``attempt``; ``finished``: the last one is final."""
+
+    attempt: int
+    turns: tuple[Sample, ...]
+    finished: bool
+
+
+def observation_between(turn: Sample, following: Sample) -> list[int]:
+    """The tokens forced between two logged turns (an environment's answer): what the next turn's context adds to
+    the previous turn's tokens. ``[]`` when the next turn does not extend it (a compacted history)."""
+    before = len(turn.tokens)
+    context = len(following.tokens) - int(following.response_length)
+    if context < before or list(following.tokens[:before]) != list(turn.tokens):
+        return []
+    return [int(t) for t in following.tokens[before:context]]
+
+
+class TurnFate(str, Enum):
+    REUSE = "reuse"
+    RESUME = "resume"
+    SEND = "send"
+
+
+@dataclass
+class _Episode:
+    attempt: int
+    values: list[bytes]  # the logged turns' payloads, turn 0 up
+    turns: list[Sample]  # the same, decoded
+    finished: bool
+    diverged: bool = False
+    sent: bool = False
+
+
+@dataclass
+class ResumePlan:
+    """Per episode of one prompt group, the turns the log holds (see the module docstring)."""
+
+    episodes: dict[int, _Episode] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)  # "episode j turn t at partition:offset", for the caller
+    reused_turns: int = 0
+    reused_tokens: int = 0
+    resumed_episodes: int = 0
+    reused_episodes: int = 0
+
+    @classmethod
+    def of(cls, prompt: PromptGroup, progress: Mapping[int, EpisodeProgress],
+           records: Mapping[tuple[int, int], Any]) -> "ResumePlan":
+        plan = cls()
+        for j, held in sorted(progress.items()):
+            if not 0 <= j < prompt.n_samples or not held.marks:
+                continue
+            values, turns = [], []
+            for mark in held.marks:
+                record = records.get((mark.partition, mark.offset))
+                value = bytes(record.value or b"") if record is not None else b""
+                try:
+                    [turn], _ = decode_samples(value, TURN_FIELDS) if record is not None else ([None], None)
+                except (ContractError, ValueError):
+                    turn = None
+                if turn is None:
+                    plan.missing.append(f"episode {j} turn {mark.turn} at {mark.partition}:{mark.offset}")
+                    break
+                values.append(value)
+                turns.append(turn)
+            if values:
+                plan.episodes[j] = _Episode(held.attempt, values, turns,
+                                            held.finished and len(values) == len(held.marks))
+        return plan
+
+    @property
+    def logged(self) -> dict[int, Logged]:
+        return {j: Logged(e.attempt, tuple(e.turns), e.finished) for j, e in self.episodes.items()}
+
+    def take(self, j: int, sample: Sample, args: Mapping[str, Any], value: bytes) -> TurnFate:
+        episode = self.episodes.get(j)
+        if episode is None:
+            return TurnFate.SEND
+        attempt, turn = args.get("attempt", 0), args["turn"]
+        if not episode.diverged and not episode.sent:
+            if attempt < episode.attempt:
+                return self._reused(sample)
+            last = turn == len(episode.values) - 1
+            if (attempt == episode.attempt and turn < len(episode.values) and value == episode.values[turn]
+                    and bool(args["final"]) == (episode.finished and last)):
+                if args["final"]:
+                    self.reused_episodes += 1
+                return self._reused(sample)
+            episode.diverged = True
+        first = not episode.sent
+        episode.sent = True
+        if first and turn > 0 and attempt == episode.attempt and turn <= len(episode.values):
+            self.resumed_episodes += 1
+            return TurnFate.RESUME
+        return TurnFate.SEND
+
+    def _reused(self, sample: Sample) -> TurnFate:
+        self.reused_turns += 1
+        self.reused_tokens += int(sample.response_length)
+        return TurnFate.REUSE
