@@ -4,14 +4,15 @@
 free port (``url``): a request without ``return_sampling_mask`` or whose sampling params truncate nothing gets
 SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer), and
 so does each of the next ``count`` requests after ``die_next(count)``; anything else gets the fixture
-(``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set. ``requests`` keeps every
-body.
+(``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set, after ``delay_s`` (0: at
+once; an engine's latency, so a test lands a kill mid-episode). ``requests`` keeps every body.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,6 +31,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.requests.append((self.path, body))
+        if self.server.delay_s[0] > 0:
+            time.sleep(self.server.delay_s[0])
         if body.get("input_ids") == DIE or self.server.take_death():
             self.close_connection = True
             self.connection.shutdown(2)  # dies mid-request: no status line, no body
@@ -55,7 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
 class FixtureEngine:
     def __init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.server.requests, self.server.answers = [], {}
+        self.server.requests, self.server.answers, self.server.delay_s = [], {}, [0.0]
         self.server.deaths, deaths_lock = [0], threading.Lock()
 
         def take_death() -> bool:
@@ -76,6 +79,10 @@ class FixtureEngine:
     def answer(self, path: str, doc: dict, status: int = 200) -> None:
         """Answer ``path`` with ``doc`` (and ``status``) from now on."""
         self.server.answers[path] = (doc, status)
+
+    def delay(self, seconds: float) -> None:
+        """Every answer from now on comes ``seconds`` after its request (0: at once)."""
+        self.server.delay_s[0] = seconds
 
     def die_next(self, count: int = 1) -> None:
         """The next ``count`` requests die mid-request (the connection closed, no answer)."""

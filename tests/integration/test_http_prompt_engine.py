@@ -1,17 +1,20 @@
 """`rollout-bus generate --from-prompts --engine http` on the real broker, against a local server in SGLang's
 shapes: multi-turn episodes through an environment plug-in, scored by a reward plug-in; a prompt whose reward
 raises is failed after its deliveries and dead-lettered with the plug-in named; a sample whose engine dies on
-every try fails its prompt group at once (named, no delivery again) while the other groups are done."""
+every try fails its prompt group at once (named, no delivery again) while the other groups are done; a member
+killed mid-episode is resumed from the log by the next, and no tool call whose result is on the log runs again."""
 
 from __future__ import annotations
 
 import copy
+import re
 import uuid
 from pathlib import Path
 
 import pytest
 
 from rollout_bus.kafka.admin import ensure_topics
+from rollout_bus.kafka.prompt_ledger import read_ledger
 from rollout_bus.kafka.reader import TopicReader
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DeadLetter
@@ -20,6 +23,7 @@ from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.prompt_record import PromptGroup
 from rollout_bus.wire.topics import Topics
 from tests.engine_server import DIE, FixtureEngine, fixture
+from tests.integration.pipeline_harness import wait_until
 from tests.integration.prompt_group_harness import Member, ledger_counts, put_prompts, synthetic_prompts
 
 pytestmark = pytest.mark.kafka
@@ -102,3 +106,56 @@ def test_a_sample_whose_engine_always_dies_fails_its_prompt_group_at_once_and_th
     assert "re-sampled alone as attempt 1, its siblings kept" in log
     assert "no --reward-fn: episodes carry no reward" in log
     assert not [r for r in read(client_kwargs, run_topics.turns) if r.key and b"q-dies" in bytes(r.value or b"")]
+
+
+def _tool_calls(log: str) -> list[tuple[str, int, int]]:
+    """(prompt group, episode, step) of every tool call the built-in tool environment ran, as its member logged."""
+    return [(p, int(j), int(k)) for p, j, k in
+            re.findall(r"tool call executed: prompt group (\S+) episode (\d+) step (\d+)", log)]
+
+
+def test_a_member_killed_mid_episode_is_resumed_and_no_tool_call_whose_result_is_on_the_log_runs_again(
+        kafka_bootstrap, client_kwargs, run_topics, tmp_path):
+    """The issue's side-effect check: the built-in tool environment logs every call it runs. A member is killed -9
+    while its episodes are part-way through (an engine call takes 0.7 s); the one that takes the prompt groups over
+    continues each episode from its logged turns, so the tool calls it runs are only those whose results never
+    reached the log (the step after an episode's last logged turn), and the calls of both together are every call
+    of an undisturbed run once, plus at most that one step per episode cut."""
+    prompts = [PromptGroup(f"q-tools-{i}", i, [5, 6, 7 + i], SAMPLES) for i in range(3)]
+    put_prompts(client_kwargs, run_topics, prompts)
+    tools = ("--env", "rollout_bus.sim.environment:tool_env", "--reward-fn", "tests.prompt_plugins:response_length",
+             "--max-turns", "6", "--concurrency", "3")
+    with FixtureEngine() as engine:
+        answer = copy.deepcopy(fixture("generate_mask_only"))
+        answer["meta_info"]["finish_reason"] = {"type": "stop"}  # turns that complete: the environment goes on
+        engine.answer("/generate", answer)
+        engine.delay(0.7)
+        victim = http_member(kafka_bootstrap, run_topics, tmp_path, engine, *tools)
+
+        def logged_turns() -> dict[tuple[str, int], int]:
+            ledger = read_ledger(client_kwargs, run_topics)
+            return {(p, j): len(e.marks) for p, episodes in ledger.progress.items() for j, e in episodes.items()
+                    if not e.finished}
+
+        wait_until(lambda: any(n >= 2 for n in logged_turns().values()), 120,
+                   "an episode of the victim with two turns on the log and more to come")
+        victim.kill()
+        at_kill = logged_turns()
+        engine.delay(0.0)
+        taker = http_member(kafka_bootstrap, run_topics, tmp_path, engine, *tools)
+        assert taker.wait(180) == 0, taker.log()[-3000:]
+        undisturbed_topics = Topics(prefix=f"h{uuid.uuid4().hex[:10]}.")
+        ensure_topics(client_kwargs, undisturbed_topics)
+        put_prompts(client_kwargs, undisturbed_topics, prompts)
+        alone = http_member(kafka_bootstrap, undisturbed_topics, tmp_path, engine, *tools)
+        assert alone.wait(180) == 0, alone.log()[-3000:]
+    counts = ledger_counts(client_kwargs, run_topics)
+    assert (counts["done"], counts["failed"], counts["in_flight"]) == (3, 0, 0) and counts["redelivered"] >= 1, counts
+    ran_victim, ran_taker, ran_alone = (_tool_calls(m.log()) for m in (victim, taker, alone))
+    assert len(set(ran_alone)) == len(ran_alone) and set(ran_victim) | set(ran_taker) == set(ran_alone)
+    for prompt, j, step in ran_taker:  # a step whose result is on the log is turn `step`'s context: never run again
+        assert step >= at_kill.get((prompt, j), 0), (prompt, j, step, at_kill)
+    again = [call for call in ran_taker if call in set(ran_victim)]
+    assert len(again) <= len(at_kill), (again, at_kill)
+    summary = taker.summary()
+    assert summary["turns_reused"] >= 2 and summary["episodes_resumed"] >= 1, summary
