@@ -13,7 +13,7 @@ again (in all, and per kill), the wall time to the run's end; then (b)'s tokens 
 (a)'s. A run that makes its groups again from scratch lasts longer, so it is killed more often: that is part
 of what it costs.
 
-``.venv/bin/python bench/resume.py [--bootstrap-servers HOST:PORT] [--groups 40] [--every 20]``
+``.venv/bin/python bench/resume.py [--bootstrap-servers HOST:PORT] [--groups 240] [--every 20]``
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def turn_tokens(bootstrap: str, topics: Topics) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers", default="")
-    parser.add_argument("--groups", type=int, default=40)
+    parser.add_argument("--groups", type=int, default=240)
     parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--turn-latency-ms", type=float, default=400)
     parser.add_argument("--every", type=float, default=20.0)

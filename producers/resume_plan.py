@@ -23,7 +23,7 @@ Contract:
   (the first turn sent for an episode that continues past turn 0: sent with the ``resumed`` header, the turns
   below it kept) or ``SEND``. An engine whose turn differs from the logged one (another engine, other weights)
   continues from the last turn that matched: that one and what follows are sent. Turns of an attempt below the
-  logged one were superseded on the log: reused.
+  logged one were superseded on the log: not sent (and not counted as reused).
 * Counts for the generator's summary: ``reused_turns``, ``reused_tokens``, ``resumed_episodes`` (continued past
   turn 0), ``reused_episodes`` (found finished).
 """
@@ -123,8 +123,8 @@ class ResumePlan:
             return TurnFate.SEND
         attempt, turn = args.get("attempt", 0), args["turn"]
         if not episode.diverged and not episode.sent:
-            if attempt < episode.attempt:
-                return self._reused(sample)
+            if attempt < episode.attempt:  # superseded on the log already: not sent, not counted as reused
+                return TurnFate.REUSE
             last = turn == len(episode.values) - 1
             if (attempt == episode.attempt and turn < len(episode.values) and value == episode.values[turn]
                     and bool(args["final"]) == (episode.finished and last)):
