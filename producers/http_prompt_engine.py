@@ -32,10 +32,15 @@ Contract:
   t+1's context is turn t's tokens and the observation (the merged episode records it as forced tokens with
   singleton supports), until it answers None, ``max_turns`` turns were made, or a turn did not complete
   (truncated: it is the final one). Without one an episode is one turn.
+* A turn cut mid-way (the engine answers ``abort`` with partial output: a weight update, a preemption, a replica
+  going away) is not thrown away: the partial output is sent as its own turn record (status ``aborted``) and the
+  turn continues from it (context = everything so far, ``max_new_tokens`` = what the turn has left), on whichever
+  engine of the pool answers; the stream merges the two (WIRE.md 5.1). An episode resumed after a cut part is
+  continued the same way. An abort with no output, or at the turn's last token, makes the sample again (below).
 * The final turn carries the reward: ``reward_fn(merged episode)`` when given (``plugins.RewardPlugin``);
   else none (None: the trainer leaves it out of its reward statistics). Never a made-up number.
-* Group-aware recovery: a sample whose engine call fails (no answer, 5xx, every engine of the pool; or an aborted
-  call: its turn cannot be continued here) is made again alone, as the next attempt of its rollout key (the
+* Group-aware recovery: a sample whose engine call fails (no answer, 5xx, every engine of the pool; or an abort
+  with no output to continue from) is made again alone, as the next attempt of its rollout key (the
   stream supersedes what the failed attempt sent), its siblings kept; after ``sample_retries`` retries it is a
   ``SampleFailed`` naming it, and the member fails the prompt group at once (dead-lettered ``failed_prompt``,
   never a placeholder reward, never a short group). An ``EngineRefused`` (4xx: the request is wrong, another try
@@ -136,40 +141,72 @@ class HttpPromptEngine:
         template = self._template(prompt, j)
         env = self.env.open(prompt, j) if self.env is not None else None
         context, turns = list(prompt.input_ids), []
+        cut: list[Sample] = []  # the cut parts of the engine turn in progress (aborted with partial output)
+
+        def record(sample: Sample, final: bool) -> tuple[Sample, dict]:
+            return sample, {"turn": len(turns) - 1, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+
         if logged is not None and logged.turns:  # resumed: the turns the log holds, given back, not asked again
             for k, sample in enumerate(logged.turns):
                 turns.append(sample)
+                cut = [*cut, sample] if sample.status is Status.ABORTED else []
                 final = logged.finished and k == len(logged.turns) - 1
-                if env is not None and k + 1 < len(logged.turns):
+                if env is not None and k + 1 < len(logged.turns) and sample.status is Status.COMPLETED:
                     env.record(episode_so_far(turns), observation_between(sample, logged.turns[k + 1]))
-                yield sample, {"turn": k, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+                yield record(sample, final)
             if logged.finished:
                 return
             last = turns[-1]
-            observation = None
-            if env is not None and len(turns) < self.max_turns and last.status is Status.COMPLETED:
-                observation = env.step(episode_so_far(turns))
-            if observation is None:  # the environment is done after the last logged turn: that turn is the final one
-                if self.reward is not None:
-                    last = copy.deepcopy(last)
-                    self.reward.apply(last, episode_so_far(turns), episode)
-                yield last, {"turn": len(turns) - 1, "attempt": attempt, "final": True, "group_size": prompt.n_samples}
-                return
-            context = [int(t) for t in last.tokens] + observation
-        for turn in range(len(turns), self.max_turns):
-            response = self._call(context, params, prompt)
+            if last.status is Status.ABORTED:  # cut mid-turn: continued from what was published of it
+                context = [int(t) for t in last.tokens]
+            else:
+                observation = None
+                if env is not None and self._rounds(turns) < self.max_turns and last.status is Status.COMPLETED:
+                    observation = env.step(episode_so_far(turns))
+                if observation is None:  # the environment is done after the last logged turn: it is the final one
+                    if self.reward is not None:
+                        last = copy.deepcopy(last)
+                        self.reward.apply(last, episode_so_far(turns), episode)
+                    yield record(last, True)
+                    return
+                context = [int(t) for t in last.tokens] + observation
+        while self._rounds(turns) < self.max_turns or cut:
+            response = self._call(context, self._budget(params, cut), prompt)
             sample = turn_from_engine_response(response, context_tokens=context, template=template)
             if sample.status is Status.ABORTED:
-                raise EngineError(f"{self.client.base_url}/generate aborted turn {turn} of {episode}: the sample "
-                                  "is made again")
+                if not sample.response_length or self._budget(params, [*cut, sample]) is None:
+                    raise EngineError(f"{self.client.base_url}/generate aborted turn {len(turns)} of {episode} "
+                                      f"{'with no output' if not sample.response_length else 'at its last token'}: "
+                                      "the sample is made again")
+                turns.append(sample)  # what the engine made before it was cut: sent, then continued
+                cut.append(sample)
+                yield record(sample, False)
+                context = [int(t) for t in sample.tokens]
+                continue
+            cut = []
             turns.append(sample)
             observation = None
-            if env is not None and turn + 1 < self.max_turns and sample.status is Status.COMPLETED:
+            if env is not None and self._rounds(turns) < self.max_turns and sample.status is Status.COMPLETED:
                 observation = env.step(episode_so_far(turns))
             final = observation is None
             if final and self.reward is not None:
                 self.reward.apply(sample, episode_so_far(turns), episode)
-            yield sample, {"turn": turn, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+            yield record(sample, final)
             if final:
                 return
             context = [int(t) for t in sample.tokens] + observation
+
+    @staticmethod
+    def _rounds(turns: Sequence[Sample]) -> int:
+        """Engine turns made: a turn cut mid-way and its continuation are one."""
+        return sum(1 for s in turns if s.status is not Status.ABORTED)
+
+    @staticmethod
+    def _budget(params: Mapping[str, Any], cut: Sequence[Sample]) -> Mapping[str, Any] | None:
+        """The sampling params of the next call: a continuation of a cut turn asks only for the tokens the turn has
+        left (``max_new_tokens`` less what its cut parts made); None when nothing is left."""
+        made = sum(int(s.response_length) for s in cut)
+        if not made or "max_new_tokens" not in params:
+            return params
+        left = int(params["max_new_tokens"]) - made
+        return {**params, "max_new_tokens": left} if left > 0 else None

@@ -4,7 +4,8 @@
 free port (``url``): a request without ``return_sampling_mask`` or whose sampling params truncate nothing gets
 SGLang's 400; ``input_ids`` ``[666]`` makes it die mid-request (the connection is closed with no answer), and
 so does each of the next ``count`` requests after ``die_next(count)``; anything else gets the fixture
-(``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set, after ``delay_s`` (0: at
+(``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set (``answer_next(path,
+*docs)``: those first, once each), after ``delay_s`` (0: at
 once; an engine's latency, so a test lands a kill mid-episode). ``requests`` keeps every body.
 """
 
@@ -43,7 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not body.get("return_sampling_mask") or untruncated:
             return self._answer(400, fixture("error_400_untruncated"))
         name = "chat_completion" if self.path == "/v1/chat/completions" else "generate_mask_only"
-        doc, status = self.server.answers.get(self.path) or (fixture(name), 200)
+        queued = self.server.queued.get(self.path)
+        doc, status = (queued.pop(0) if queued else None) or self.server.answers.get(self.path) or (fixture(name), 200)
         return self._answer(status, doc)
 
     def _answer(self, status: int, doc: dict) -> None:
@@ -59,6 +61,7 @@ class FixtureEngine:
     def __init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.requests, self.server.answers, self.server.delay_s = [], {}, [0.0]
+        self.server.queued = {}
         self.server.deaths, deaths_lock = [0], threading.Lock()
 
         def take_death() -> bool:
@@ -79,6 +82,10 @@ class FixtureEngine:
     def answer(self, path: str, doc: dict, status: int = 200) -> None:
         """Answer ``path`` with ``doc`` (and ``status``) from now on."""
         self.server.answers[path] = (doc, status)
+
+    def answer_next(self, path: str, *docs: dict) -> None:
+        """Answer the next requests to ``path`` with ``docs``, in order, before the standing answer."""
+        self.server.queued.setdefault(path, []).extend((doc, 200) for doc in docs)
 
     def delay(self, seconds: float) -> None:
         """Every answer from now on comes ``seconds`` after its request (0: at once)."""

@@ -182,3 +182,63 @@ def test_a_resumed_episode_continues_from_its_logged_turns_without_asking_the_en
     again = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, finished)]
     assert sorted(again, key=lambda r: (r[1]["turn"], r[0])) == sorted(undisturbed, key=lambda r: (r[1]["turn"], r[0]))
     assert len(engine.requests) - before == asked - 3  # a finished episode asks nothing
+
+
+def _cut(answer: dict, keep: int) -> dict:
+    """``answer`` as an engine that was cut (``abort``) after its first ``keep`` output tokens."""
+    cut = copy.deepcopy(answer)
+    meta = cut["meta_info"]
+    cut["output_ids"] = cut["output_ids"][:keep]
+    meta["output_token_sampling_mask"] = meta["output_token_sampling_mask"][:keep]
+    meta["output_token_sampling_logprobs"] = meta["output_token_sampling_logprobs"][:keep]
+    meta["output_token_sampling_mask_length"] = keep
+    meta["completion_tokens"] = keep
+    meta["finish_reason"] = {"type": "abort", "message": "weight update"}
+    return cut
+
+
+def _rest(answer: dict, keep: int) -> dict:
+    """The rest of ``answer`` after its first ``keep`` output tokens, as the continuation call's answer."""
+    rest = copy.deepcopy(answer)
+    meta = rest["meta_info"]
+    rest["output_ids"] = rest["output_ids"][keep:]
+    meta["output_token_sampling_mask"] = meta["output_token_sampling_mask"][keep:]
+    meta["output_token_sampling_logprobs"] = meta["output_token_sampling_logprobs"][keep:]
+    meta["output_token_sampling_mask_length"] = len(rest["output_ids"])
+    meta["completion_tokens"] = len(rest["output_ids"])
+    return rest
+
+
+def test_a_turn_cut_mid_way_is_sent_as_its_part_and_continued_with_the_tokens_it_has_left(engine):
+    whole = fixture("generate_mask_only")  # three tokens, to max_new_tokens (TRUNCATED)
+    engine.answer_next("/generate", _cut(whole, 1), _rest(whole, 1))
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS)
+    turns = list(made.turns(PromptGroup("p-cut", 0, [5, 6, 7], 1)))
+    assert [(a["turn"], a["final"], s.status) for s, a in turns] == [(0, False, Status.ABORTED),
+                                                                     (1, True, Status.TRUNCATED)]
+    (cut, _), (rest, _) = turns
+    assert list(cut.tokens) == [5, 6, 7, OUTPUT[0]] and list(rest.tokens) == [5, 6, 7, *OUTPUT]
+    bodies = [body for _, body in engine.requests]
+    assert bodies[1]["input_ids"] == [5, 6, 7, OUTPUT[0]] and bodies[1]["sampling_params"]["max_new_tokens"] == 2
+    [episode] = merge_samples([cut, rest])  # one segment: the same turn as if it had never been cut
+    engine.requests.clear()
+    [(uncut, _)] = list(made.turns(PromptGroup("p-cut", 0, [5, 6, 7], 1)))
+    assert list(episode.tokens) == list(uncut.tokens) and episode.response_length == 3
+    assert episode.rollout_sampling_mask == uncut.rollout_sampling_mask
+    assert np.allclose(episode.rollout_log_probs, uncut.rollout_log_probs)
+
+
+def test_an_episode_resumed_after_a_cut_part_continues_that_turn(engine):
+    from rollout_bus.producers.resume_plan import Logged
+
+    whole = fixture("generate_mask_only")
+    engine.answer_next("/generate", _cut(whole, 1))
+    made = HttpPromptEngine(engine.url, sampling=DEFAULTS)
+    prompt = PromptGroup("p-cut", 0, [5, 6, 7], 1)
+    [(cut, args)] = [pair for pair, _ in zip(made.turns(prompt), range(1))]  # the member died after the cut part
+    assert cut.status is Status.ABORTED and not args["final"]
+    engine.answer_next("/generate", _rest(whole, 1))
+    turns = list(made.turns(prompt, {0: Logged(0, (cut,), False)}))
+    assert [(a["turn"], a["final"]) for _, a in turns] == [(0, False), (1, True)] and turns[0][0] is cut
+    assert engine.requests[-1][1]["input_ids"] == [5, 6, 7, OUTPUT[0]]
+    assert engine.requests[-1][1]["sampling_params"]["max_new_tokens"] == 2
