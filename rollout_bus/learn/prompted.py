@@ -18,18 +18,26 @@ Contract:
   sampling (else ``TURN_TOKENS``). After a turn, ``env.step(episode so far, merged)`` gives the observation to
   force (the next context) or None, and never past ``settings.max_turns`` turns; the final turn carries
   ``reward(merged episode)``. A prompt's other sampling parameters are refused (the policy samples with the
-  generator's ``--temperature``/``--top-p``/``--top-k``/``--min-p``). ``logged`` (the turns a resumed delivery
-  found on the log) changes nothing: every turn is sampled again (a turn the same weights make again is the
-  logged one, byte for byte, and is not sent; one the weights since changed make differently is sent, resuming
-  the episode there).
+  generator's ``--temperature``/``--top-p``/``--top-k``/``--min-p``).
+* Resumed (``logged``: the turns a later delivery found on the log). Under the weights that made them (every
+  logged token's version is the engine's), the group is sampled again as it was (the same draws, so the same
+  turns, byte for byte, and the member sends none of them again: a run killed at random gives the undisturbed
+  run's shards). Once the weights moved on, sampling again would make other turns, so each episode continues
+  from its logged turns instead: they are yielded as they are, the environment is given back each logged
+  observation (``record``) and asked only after the last logged turn, and a turn whose last logged piece was
+  cut (its pieces split at a version change, the rest never published) continues from that piece with the
+  tokens it has left. The new tokens carry the version that sampled them, so a resumed turn that spans a weight
+  change holds the true per-token versions, and every log-prob stays the one its version gave.
 * Thread-safe: the member runs prompt groups on worker threads; one engine call at a time (the engine reads
   rollout.weights between decode steps, on a consumer of its own).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,10 +46,10 @@ from rollout_bus.errors import ContractError
 from rollout_bus.learn.engine import PolicyEngine, TurnOutput
 from rollout_bus.learn.generator import FULL_LOG_PROBS, PolicyEpisode, emit_turn, round_generator, turn_sample
 from rollout_bus.learn.task import TURN_TOKENS
-from rollout_bus.model.sample import AdapterRef, Sample
+from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.policy.vocab import VOCAB
 from rollout_bus.producers.groups import GroupSpec, parse_adapters
-from rollout_bus.producers.resume_plan import Logged
+from rollout_bus.producers.resume_plan import Logged, observation_between
 from rollout_bus.producers.plugins import EnvPlugin, RewardPlugin, episode_name, episode_so_far
 from rollout_bus.wire.prompt_record import PromptGroup
 
@@ -60,6 +68,54 @@ class PolicyPromptEngine:
     def _generate(self, contexts: list[np.ndarray], group: GroupSpec, round_: int, tokens: int) -> list[TurnOutput]:
         with self.lock:
             return self.engine.generate(contexts, round_generator(self.settings, group, round_), tokens)
+
+    def _moved_on(self, logged: Mapping[int, Logged]) -> bool:
+        """Whether some logged token was sampled under other weights than the engine's now."""
+        with self.lock:
+            now = self.engine.refresh()
+        return any(int(v) != now for episode in logged.values() for turn in episode.turns
+                   for v in (turn.rollout_token_versions if turn.rollout_token_versions is not None else ()))
+
+    def _resume(self, prompt: PromptGroup, group: GroupSpec, episode: PolicyEpisode, env: Any,
+                turns: list[Sample], logged: Logged | None, tokens: int, rounds: list[int], j: int,
+                cut: dict[int, int]) -> Iterator[tuple[Sample, dict]]:
+        """Episode ``j``'s logged turns, yielded as they are, and its state set to continue after them; returns
+        whether it goes on (see the module docstring). Without logged turns it starts at turn 0."""
+        if logged is None or not logged.turns:
+            return True
+        pieces = 0  # response tokens of the turn in progress, in its logged pieces
+        for k, sample in enumerate(logged.turns):
+            turns.append(sample)
+            final = logged.finished and k == len(logged.turns) - 1
+            if sample.status is Status.ABORTED:
+                pieces += int(sample.response_length)
+            else:
+                pieces = 0
+                rounds[j] += 1
+                if env is not None and k + 1 < len(logged.turns):
+                    env.record(episode_so_far(turns), observation_between(sample, logged.turns[k + 1]))
+            yield sample, {"turn": k, "attempt": 0, "final": final, "group_size": prompt.n_samples}
+        episode.turn = len(logged.turns)
+        if logged.finished:
+            return False
+        last = turns[-1]
+        if last.status is Status.ABORTED:  # a turn cut at a version change: the rest of it is made now
+            episode.context = np.asarray(last.tokens, np.int64)
+            episode.full_log_probs = list(last.metadata.get(FULL_LOG_PROBS, []))
+            cut[j] = max(1, tokens - pieces)
+            return True
+        observation = None
+        if env is not None and rounds[j] < self.settings.max_turns:
+            observation = env.step(episode_so_far(turns))
+        if observation is None:  # the environment is done after the last logged turn: that turn is the final one
+            final = copy.deepcopy(last)
+            if self.reward is not None:
+                self.reward.apply(final, episode_so_far(turns), episode_name(prompt, j))
+            yield final, {"turn": len(turns) - 1, "attempt": 0, "final": True, "group_size": prompt.n_samples}
+            return False
+        episode.context = np.concatenate([np.asarray(last.tokens, np.int64), np.asarray(observation, np.int64)])
+        episode.full_log_probs = [*last.metadata.get(FULL_LOG_PROBS, []), *([None] * len(observation))]
+        return True
 
     def _checked(self, prompt: PromptGroup) -> tuple[np.ndarray, int]:
         other = sorted(set(prompt.sampling) - {TURN_LENGTH})
@@ -84,17 +140,37 @@ class PolicyPromptEngine:
         episodes = [PolicyEpisode(group.first_index + j, context) for j in range(n)]
         envs = [self.env.open(prompt, j) if self.env is not None else None for j in range(n)]
         turns: dict[int, list[Sample]] = {e.index: [] for e in episodes}
+        rounds = [0] * n  # engine turns made per episode (the pieces of a turn cut at a version change are one)
         going = list(range(n))
-        for round_ in range(self.settings.max_turns):
-            outs = self._generate([episodes[j].context for j in going], group, round_, tokens)
+        cut: dict[int, int] = {}  # episode -> tokens its cut turn has left to make
+        if logged and self._moved_on(logged):
+            going = []
+            for j in range(n):
+                resumed = yield from self._resume(prompt, group, episodes[j], envs[j], turns[episodes[j].index],
+                                                  logged.get(j), tokens, rounds, j, cut)
+                if resumed:
+                    going.append(j)
+        first_round = max(rounds, default=0)
+        for round_ in range(first_round, first_round + self.settings.max_turns):
+            going = [j for j in going if rounds[j] < self.settings.max_turns]
+            if not going:
+                return
+            continuing = [j for j in going if j in cut]
+            outs = dict(zip(continuing, (self._generate([episodes[j].context], group, round_, cut.pop(j))[0]
+                                         for j in continuing)))
+            fresh = [j for j in going if j not in outs]
+            outs.update(zip(fresh, self._generate([episodes[j].context for j in fresh], group, round_, tokens)
+                            if fresh else []))
             next_round = []
-            for j, out in zip(going, outs):
+            for j in going:
+                out = outs[j]
                 episode = episodes[j]
                 sample = turn_sample(group, prompt.text or "", label, episode, out)
                 sample.metadata = {**sample.metadata, "prompt_id": prompt.id}
                 turns[episode.index].append(sample)
+                rounds[j] += 1
                 observation = None
-                if envs[j] is not None and round_ + 1 < self.settings.max_turns:
+                if envs[j] is not None and rounds[j] < self.settings.max_turns:
                     observation = envs[j].step(episode_so_far(turns[episode.index]))
                 final = observation is None
                 if final and self.reward is not None:
@@ -105,5 +181,3 @@ class PolicyPromptEngine:
                     episode.full_log_probs = [*sample.metadata[FULL_LOG_PROBS], *([None] * len(observation))]
                     next_round.append(j)
             going = next_round
-            if not going:
-                return

@@ -125,6 +125,10 @@ class CalculatorEnv:
             return None
         return [int(t) for t in VOCAB.encode(f"{ANSWER}{self.answer}")]
 
+    def record(self, sample: Any, observation: list[int]) -> None:
+        """A step a resumed episode found on the log: counted, the calculator is not asked again."""
+        self.steps += 1
+
 
 def calculator_env(prompt: Any, sample_index: int) -> CalculatorEnv:
     """``--env rollout_bus.learn.task:calculator_env``: the calculator of one episode of ``prompt``."""

@@ -129,3 +129,46 @@ def test_the_env_and_reward_read_the_merged_episode():
     assert calculator_reward(_episode("@1", "=8", "8$")) == 1.0
     with pytest.raises(ValueError, match="must be one digit"):
         calculator_env(PromptGroup(id="p", group_index=0, input_ids=[1], n_samples=1, label="12"), 0)
+
+
+def test_an_episode_resumed_after_the_weights_moved_on_continues_from_its_logged_turns():
+    """Logged turns under version 0, the engine now at version 5: a finished episode is given back whole, one
+    with its first turn logged continues from it (its context that turn's tokens and the calculator's answer, its
+    reward from the whole episode), the rest start at turn 0; every new token carries version 5 and the logged
+    ones keep 0: the merged episode's per-token versions are the true ones across the change."""
+    from rollout_bus.model.turns import merge_samples
+    from rollout_bus.producers.resume_plan import Logged
+
+    settings = _settings()
+    made = _prompted(settings)
+    for prompt in _records():
+        undisturbed = list(made.turns(prompt))
+        by_episode: dict[int, list] = {}
+        for sample, args in undisturbed:
+            by_episode.setdefault(sample.index - prompt.group_index * prompt.n_samples, []).append((sample, args))
+        called = [j for j, turns in by_episode.items() if len(turns) == 2]
+        if called and len(called) < prompt.n_samples:
+            break
+    else:
+        pytest.fail("no prompt with an episode that calls the calculator and one that does not")
+    j_called, j_done = called[0], next(j for j in by_episode if j not in called)
+    first, _ = by_episode[j_called][0]
+    logged = {j_called: Logged(0, (first,), False),
+              j_done: Logged(0, tuple(s for s, _ in by_episode[j_done]), True)}
+    made.engine.version = 5  # the trainer shipped new weights since (the same model here: only the label moves)
+    resumed: dict[int, list] = {}
+    for sample, args in made.turns(prompt, logged):
+        resumed.setdefault(sample.index - prompt.group_index * prompt.n_samples, []).append((sample, args))
+    assert [s for s, _ in resumed[j_done]] == [s for s, _ in by_episode[j_done]]  # given back whole, as logged
+    (again, a0), (second, a1) = resumed[j_called]
+    assert again is first and (a0["turn"], a0["final"], a1["turn"], a1["final"]) == (0, False, 1, True)
+    observation = second.tokens[len(first.tokens): len(second.tokens) - second.response_length]
+    assert list(second.tokens[:len(first.tokens)]) == list(first.tokens) and len(observation) > 0
+    assert set(second.rollout_token_versions.tolist()) == {5} and set(first.rollout_token_versions.tolist()) == {0}
+    [episode] = merge_samples([first, second])
+    versions = episode.rollout_token_versions.tolist()
+    assert versions == [0] * first.response_length + [-1] * len(observation) + [5] * second.response_length
+    assert second.reward == calculator_reward(episode)
+    others = [j for j in resumed if j not in (j_called, j_done)]
+    assert others and all(resumed[j][0][1]["turn"] == 0 and set(resumed[j][0][0].rollout_token_versions.tolist())
+                          == {5} for j in others)
