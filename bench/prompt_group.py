@@ -69,6 +69,14 @@ def cpu_and_rss(proc: subprocess.Popen) -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def broker_for(bootstrap: str) -> tuple[str, LocalBroker | None]:
+    """``bootstrap`` when given; else the local broker started on a port of its own (stop it after)."""
+    if bootstrap:
+        return bootstrap, None
+    broker = LocalBroker(port=39192, data_dir=Path(tempfile.mkdtemp(prefix="rb-bench-broker-")))
+    return broker.start().bootstrap, broker
+
+
 def fresh(bootstrap: str) -> Topics:
     topics = Topics(prefix=f"bpg{uuid.uuid4().hex[:8]}.")
     ensure_topics({"bootstrap_servers": bootstrap}, topics)
@@ -131,11 +139,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--groups", type=int, default=32)
     args = parser.parse_args()
-    broker = None
-    bootstrap = args.bootstrap_servers
-    if not bootstrap:
-        broker = LocalBroker(port=39192, data_dir=Path(tempfile.mkdtemp(prefix="rb-bench-broker-")))
-        bootstrap = broker.start().bootstrap
+    bootstrap, broker = broker_for(args.bootstrap_servers)
     log_dir = Path(tempfile.mkdtemp(prefix="rb-bench-prompts-"))
     try:
         times = sorted(takeover(bootstrap, args.kills, log_dir))

@@ -29,14 +29,13 @@ from pathlib import Path
 
 from rollout_bus.kafka.prompt_ledger import LedgerLog
 from rollout_bus.kafka.reader import TopicReader
-from rollout_bus.local_kafka.local_broker import LocalBroker
 from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.wire.topics import Topics
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prompt_group import fresh, load, member, prompt_file  # noqa: E402
+from prompt_group import broker_for, fresh, load, member, prompt_file  # noqa: E402
 
 
 def run(bootstrap: str, args: argparse.Namespace, resume: bool, log_dir: Path) -> dict:
@@ -109,11 +108,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=1200.0)
     args = parser.parse_args()
-    broker = None
-    bootstrap = args.bootstrap_servers
-    if not bootstrap:
-        broker = LocalBroker(port=39192, data_dir=Path(tempfile.mkdtemp(prefix="rb-bench-broker-")))
-        bootstrap = broker.start().bootstrap
+    bootstrap, broker = broker_for(args.bootstrap_servers)
     log_dir = Path(tempfile.mkdtemp(prefix="rb-bench-resume-"))
     try:
         rows = [run(bootstrap, args, resume, log_dir) for resume in (False, True)]

@@ -95,8 +95,13 @@ def test_a_sample_whose_engine_always_dies_fails_its_prompt_group_at_once_and_th
         member = http_member(kafka_bootstrap, run_topics, tmp_path, engine, "--concurrency", "1")
         assert member.wait(180) == 0, member.log()[-3000:]
         assert sum(body.get("input_ids") == DIE for _, body in engine.requests) == 3  # a try and two retries
-    assert ledger_counts(client_kwargs, run_topics) == {"loaded": 4, "done": 3, "failed": 1, "in_flight": 0,
-                                                       "redelivered": 0}  # failed at once: no delivery again
+    ledger = read_ledger(client_kwargs, run_topics)
+    counts = ledger.counts()
+    assert (counts["loaded"], counts["done"], counts["failed"], counts["in_flight"]) == (4, 3, 1, 0), counts
+    # failed at once: no delivery again. (Another group may be delivered twice: on a starved machine the member's
+    # group was seen to rebalance, and kafka-python to leave that rebalance unfinished until the member rejoined,
+    # handing back what it held; that group is then resumed from the log, still exactly once.)
+    assert ledger.deliveries["q-dies"] == 1 and ledger.ended["q-dies"] == "failed", ledger
     [letter] = [d for d in (DeadLetter.from_record(r.key, r.value, r.headers) for r in read(client_kwargs,
                                                                                            run_topics.dlq))
                 if d.kind == "failed_prompt"]
