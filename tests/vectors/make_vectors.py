@@ -34,7 +34,7 @@ from rollout_bus.wire.partitioning import murmur2, partition_for
 from rollout_bus.wire.control_records import END_OF_RUN_KEY, EndOfRun
 from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import HEADER_SCHEMA, SCHEMA_VERSION, TurnHeaders
-from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup
+from rollout_bus.wire.prompt_record import LedgerEvent, PromptGroup, TurnMark
 from rollout_bus.wire.topics import PROMPT_LEDGER_TOPIC, PROMPTS_TOPIC
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.model.sampling_mask import RolloutSamplingMask
@@ -223,9 +223,26 @@ def ledger_event_vector() -> Vector:
     }, routing="key")
 
 
+def ledger_progress_vector() -> Vector:
+    """That delivery's ``progress`` event: turn 2 of episode 1, resumed from the turns the first delivery logged
+    (WIRE.md 15.2's example), acknowledged at rollout.turns partition 3 offset 812."""
+    mark = TurnMark(sample=1, attempt=0, turn=2, final=False, resumed=True, partition=3, offset=812)
+    event = LedgerEvent("progress", "calc-00019", delivery=2, generator="g1of2-seed7", mark=mark)
+    headers = [(HEADER_SCHEMA, SCHEMA_VERSION.encode())]
+    return Vector("09-ledger-progress", event.key(), headers, event.value(), {
+        "vector": "09-ledger-progress", "topic": PROMPT_LEDGER_TOPIC, "record": "ledger-event",
+        "description": "a turn of the prompt group's second delivery acknowledged on rollout.turns (episode 1, "
+                       "attempt 0, turn 2, not final, resumed: the turns below it were the first delivery's), "
+                       "with its place there (partition 3, offset 812): the six fields and a seventh, mark",
+        "key": event.key().decode(),
+        "headers": {name: raw.decode() for name, raw in headers},
+        "value": json.loads(event.value()),
+    }, routing="key")
+
+
 def build_vectors() -> list[Vector]:
     return ([turn_vector(*spec) for spec in _samples()] + [end_of_run_vector(), prompt_group_vector(),
-                                                           ledger_event_vector()])
+                                                           ledger_event_vector(), ledger_progress_vector()])
 
 
 # ----------------------------------------------------------------------------- the files

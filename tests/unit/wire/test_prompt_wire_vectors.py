@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rollout_bus.errors import ContractError
-from rollout_bus.wire.prompt_record import LOADED_KEY, LedgerEvent, PromptGroup, PromptLedger
+from rollout_bus.wire.prompt_record import LOADED_KEY, LedgerEvent, PromptGroup, PromptLedger, TurnMark
 from rollout_bus.wire.topics import PROMPT_LEDGER_TOPIC, PROMPTS_TOPIC
 from tests.unit.wire.test_wire_vectors import NAMES, PARTITIONS, load, same
 
@@ -21,13 +21,14 @@ EVENTS = [n for n in NAMES if load(n)[3]["record"] == "ledger-event"]
 
 
 def test_there_is_a_prompt_group_vector_with_every_field_set_and_a_ledger_event_for_it():
-    assert GROUPS == ["07-prompt-group"] and EVENTS == ["08-ledger-claimed"]
+    assert GROUPS == ["07-prompt-group"] and EVENTS == ["08-ledger-claimed", "09-ledger-progress"]
     group = load(GROUPS[0])[3]
     assert group["topic"] == PROMPTS_TOPIC and load(EVENTS[0])[3]["topic"] == PROMPT_LEDGER_TOPIC
     assert all(value not in (None, {}, "") for value in group["value"].values()), "every optional field set"
     assert not all(ch.isascii() for ch in json.dumps(group["value"], ensure_ascii=False)), "a non-ASCII text"
     assert isinstance(group["value"]["sampling"]["temperature"], float)
-    assert load(EVENTS[0])[3]["value"]["prompt"] == group["key"]
+    assert all(load(name)[3]["value"]["prompt"] == group["key"] for name in EVENTS)
+    assert [load(name)[3]["value"]["event"] for name in EVENTS] == ["claimed", "progress"]
 
 
 @pytest.mark.parametrize("name", GROUPS)
@@ -49,13 +50,16 @@ def test_a_ledger_event_both_ways(name):
     same(decoded["value"], json.loads(value), "value", problems)
     assert problems == [] and [(k, v.decode()) for k, v in headers] == list(decoded["headers"].items())
     assert decoded["headers"] == {"schema": "1"}  # as the generators write it; readers do not look at it
-    event = LedgerEvent(**decoded["value"])
+    fields = decoded["value"]
+    mark = TurnMark(**fields["mark"]) if "mark" in fields else None  # only progress carries a seventh field
+    event = LedgerEvent(**{**fields, "mark": mark})
     assert LedgerEvent.from_value(value) == event
     assert event.value() == value and event.key() == key == decoded["key"].encode()
 
 
 def test_a_prompt_group_and_its_ledger_events_share_a_partition():
-    assert PARTITIONS["vectors"][GROUPS[0]]["partitions"] == PARTITIONS["vectors"][EVENTS[0]]["partitions"]
+    assert all(PARTITIONS["vectors"][GROUPS[0]]["partitions"] == PARTITIONS["vectors"][name]["partitions"]
+               for name in EVENTS)
 
 
 def test_a_prompt_group_written_with_only_the_required_fields_reads_with_the_defaults():
