@@ -78,6 +78,9 @@ def demo(
                                         "with --from-prompts: the packaged 16 prompt groups of 4)."),
     generators: int | None = typer.Option(None, "--generators", min=1, help="--from-prompts: members of the "
                                           f"generators' group sharing the prompts (default {DEMO_GENERATORS})."),
+    kill_members: int = typer.Option(0, "--kill-members", min=0, metavar="N", help="--from-prompts, a drill: kill "
+                                     "-9 a member holding a prompt group part-way N times mid-run, a new member "
+                                     "started in its place each time (the takers resume from the log)."),
 ) -> None:
     """Run generator, stream worker and shard writer as separate processes; show progress, metrics, shards.
 
@@ -95,7 +98,7 @@ def demo(
                                          max_staleness=max_staleness)
     from_prompts = from_prompts or prompts is not None
     prompts_file = _prompts_file(from_prompts, prompts, generators, learn=learn, run_batching=run_batching,
-                                 adapters=adapters, inject_faults=inject_faults, interrupt_prob=interrupt_prob,
+                                 kill_members=kill_members, adapters=adapters, inject_faults=inject_faults, interrupt_prob=interrupt_prob,
                                  **({} if learn else {"episodes": episodes,
                                                       "n_samples_per_prompt": n_samples_per_prompt}))
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)
@@ -110,7 +113,8 @@ def demo(
                               inject_faults=inject_faults, timeout_s=timeout,
                               max_record_bytes=settings.max_record_bytes, train=train,
                               interrupt_prob=interrupt_prob, learn=learn, from_prompts=from_prompts,
-                              prompts=prompts_file, generators=generators or DEMO_GENERATORS)
+                              prompts=prompts_file, generators=generators or DEMO_GENERATORS,
+                              kill_members=kill_members)
     raise typer.Exit(_run_on_broker(settings, run_options, port=port, secure=secure))
 
 
@@ -149,13 +153,15 @@ def _refuse_mistakes(topic_prefix: str | None, out: Path | None) -> None:
 
 
 def _prompts_file(from_prompts: bool, prompts: Path | None, generators: int | None, *, learn: bool,
-                  run_batching: BatchingSettings, **seeded_only: object) -> Path | None:
+                  run_batching: BatchingSettings, kill_members: int = 0, **seeded_only: object) -> Path | None:
     """With --from-prompts: the prompt file, read and checked (exit 2 in one line naming a bad line, or the flags
     only the seeded generator takes), or with --learn and no --prompts None (the run writes the calculator task's
     problems: --episodes and --n-samples-per-prompt size them); without: None (exit 2 on --generators)."""
     if not from_prompts:
         if generators is not None:
             options.refuse("--generators is for --from-prompts (the seeded demo runs one generator)")
+        if kill_members:
+            options.refuse("--kill-members is for --from-prompts (it kills members of the generators' group)")
         return None
     given = [f"--{name.replace('_', '-')}" for name, value in seeded_only.items()
              if value not in (None, "", False, 0.0)]

@@ -48,6 +48,10 @@ class StageProcess:
         self._signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP (True) or SIGCONT (False): a drill holds a process still while it checks what it holds."""
+        self._signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def _signal(self, sig: int) -> None:
         try:
             os.killpg(self.proc.pid, sig)

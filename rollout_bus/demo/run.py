@@ -90,6 +90,9 @@ class DemoOptions:
     from_prompts: bool = False
     prompts: Path | None = None
     generators: int = 2
+    # from prompts: a member holding a prompt group with turns on the log killed -9 this many times mid-run (at
+    # i/(n + 1) of the groups done), a new member started in its place each time: what the takers resume
+    kill_members: int = 0
 
 
 def learn_engine_args() -> list[str]:
@@ -209,6 +212,13 @@ class DemoRun:
         """What the report adds beside the batch table (the prompts run: the prompt ledger)."""
         return []
 
+    def drill(self) -> None:
+        """Called on every tick of ``watch``: a fault drill's next step, if any (the prompts run's member kills)."""
+
+    def drill_shortfall(self) -> str | None:
+        """Why the drill asked for did not all happen (the run ended first), or None."""
+        return None
+
     def _faults(self) -> list[dict]:
         return list((self._summary() or {}).get("faults", []))
 
@@ -240,6 +250,7 @@ class DemoRun:
                 progress.update(bars["episodes"], completed=counts[t.episodes])
                 progress.update(bars["batches"], completed=len(written_batches(self.out / "shards")))
                 progress.update(bars["dlq"], completed=counts[t.dlq])
+                self.drill()
                 failure = self._failed_stage()
                 if failure:
                     return result, failure
@@ -335,6 +346,9 @@ def run_demo(client_kwargs: dict[str, Any], options: DemoOptions, console: Conso
         return 1
     if training is not None and not training.ok:
         print_problems(console, training.problems())
+        return 1
+    if (shortfall := run.drill_shortfall()) is not None:
+        print_problems(console, [shortfall])
         return 1
     if options.learn and not report_learning(console, run, options):
         return 1

@@ -263,6 +263,16 @@ class PromptLedger:
                 "in_flight": sum(1 for p in self.deliveries if p not in self.ended),
                 "redelivered": sum(1 for d in self.deliveries.values() if d > 1)}
 
+    def part_way(self) -> list[tuple[str, str, int]]:
+        """(generator, prompt id, logged turns) of each prompt group in flight with turns of unfinished episodes on
+        the log: what a generator killed now would leave for its taker to resume (drills aim their kills by it)."""
+        found = []
+        for prompt, episodes in self.progress.items():
+            turns = sum(len(e.marks) for e in episodes.values() if not e.finished)
+            if turns and prompt not in self.ended and prompt in self.claimant:
+                found.append((self.claimant[prompt], prompt, turns))
+        return found
+
     def all_ended(self) -> bool:
         """Every prompt group the finished loads added is done or failed (and at least one was loaded)."""
         return self.loaded > 0 and len(self.ended) >= self.loaded

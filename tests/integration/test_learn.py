@@ -2,9 +2,11 @@
 
 One ``demo --learn --from-prompts`` run (``make learn``'s: the calculator's prompts loaded onto rollout.prompts,
 two members of the generators' group sharing them; synchronous, ``--max-staleness 0``, so every batch is sampled
-under the weights of the step before it and the run is the same on every run of this machine) must raise the
-reward; every token the generators sent must be scored again by the trainer, at the weights that sampled it, to
-the same log-prob; between them the generators must have loaded each version the trainer published.
+under the weights of the step before it and the run is the same on every run of this machine), with one member
+killed -9 half-way while it holds a prompt group part-way (``--kill-members 1``: the takers resume its episodes
+from the log), must raise the reward; every token the generators sent, resumed episodes' included, must be scored
+again by the trainer, at the weights that sampled it, to the same log-prob; between them the generators must have
+loaded each version the trainer published.
 Then ``rollout-bus train`` again on the same shards, SIGKILLed mid-run and restarted, must train the
 same batches to the same losses and write byte-identical checkpoints.
 """
@@ -36,7 +38,7 @@ TIMEOUT_S = 300
 def learned(kafka_bootstrap, tmp_path_factory):
     out = tmp_path_factory.mktemp("learn") / "demo"
     done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--learn", "--from-prompts",
-                           "--max-staleness", "0",
+                           "--max-staleness", "0", "--kill-members", "1",
                            "--episodes", str(BATCHES * 64), "--bootstrap-servers", kafka_bootstrap, "--out", str(out),
                            "--timeout", str(TIMEOUT_S)],
                           capture_output=True, text=True, timeout=TIMEOUT_S + 60, env={**os.environ, "COLUMNS": "200"})
@@ -75,14 +77,28 @@ def test_the_trainer_recomputes_every_rollout_log_prob_at_the_weights_that_sampl
 def test_the_generator_sampled_under_every_version_the_trainer_published(learned):
     out, done = learned
     assert done.returncode == 0, done.stderr[-3000:]
-    logs = [path.read_text() for path in sorted((out / "logs").glob("generate-g*.log"))]
-    assert len(logs) == 2  # the two members of make learn
-    loaded = sorted({int(line.split("version=")[1].split()[0]) for log in logs for line in log.splitlines()
+    logs = {path.stem: path.read_text() for path in sorted((out / "logs").glob("generate-g*.log"))}
+    assert sorted(logs) == ["generate-g0", "generate-g1", "generate-g2"]  # make learn's two, g1 killed, g2 for it
+    loaded = sorted({int(line.split("version=")[1].split()[0]) for log in logs.values() for line in log.splitlines()
                      if "loaded weights version=" in line})
     assert loaded == list(range(BATCHES)), loaded  # version 0 (the trainer's initial weights) .. the last used
     for manifest in written_batches(out / "shards").values():
         assert manifest["extra"]["weight_versions"] == [str(manifest["seq"])], manifest["extra"]
-    assert all("refused 0" in log for log in logs)
+    assert all("refused 0" in logs[name] for name in ("generate-g0", "generate-g2"))  # the survivors' last lines
+
+
+def test_a_member_killed_part_way_is_resumed_from_the_log_and_nothing_is_lost_or_doubled(learned):
+    """The demo's reconciliation (every episode with a final turn on rollout.turns in exactly one batch) passed
+    with rc 0; here: the kill landed on a prompt group part-way, and the takers continued episodes from their
+    logged turns instead of sampling them again (the recomputation test above covers their tokens)."""
+    out, done = learned
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = " ".join((done.stdout + done.stderr).split())
+    assert "drill: killed -9 member g1 (holding prompt group calculator-" in report, report[-3000:]
+    summaries = [json.loads((out / f"generator-summary-{m}.json").read_text()) for m in ("g0", "g2")]
+    assert not (out / "generator-summary-g1.json").exists()
+    assert sum(s["turns_reused"] for s in summaries) >= 1 and sum(s["episodes_resumed"] for s in summaries) >= 1
+    assert sum(s["redelivered"] for s in summaries) >= 1
 
 
 def _train_command(bootstrap: str, prefix: str, checkpoint_dir: Path, max_batches: int) -> list[str]:
