@@ -7,10 +7,15 @@ so does each of the next ``count`` requests after ``die_next(count)``; anything 
 (``generate_mask_only`` / ``chat_completion``), or what ``answer(path, doc, status)`` set (``answer_next(path,
 *docs)``: those first, once each), after ``delay_s`` (0: at
 once; an engine's latency, so a test lands a kill mid-episode). ``requests`` keeps every body.
+
+``python -m tests.engine_server --port P [--delay-s S] [--stop]`` serves one as a process of its own, for the chaos
+table's engine kills (``--stop``: every turn completes, ``finish_reason`` stop, so an environment goes on).
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import threading
 import time
@@ -58,8 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FixtureEngine:
-    def __init__(self) -> None:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    def __init__(self, port: int = 0) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         self.server.requests, self.server.answers, self.server.delay_s = [], {}, [0.0]
         self.server.queued = {}
         self.server.deaths, deaths_lock = [0], threading.Lock()
@@ -102,3 +107,28 @@ class FixtureEngine:
     def __exit__(self, *_) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def stopping_answer() -> dict:
+    """The fixture's ``/generate`` answer with ``finish_reason`` stop: a turn that completes."""
+    answer = copy.deepcopy(fixture("generate_mask_only"))
+    answer["meta_info"]["finish_reason"] = {"type": "stop"}
+    return answer
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.engine_server", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay-s", type=float, default=0.0)
+    parser.add_argument("--stop", action="store_true", help="every turn completes (finish_reason stop)")
+    args = parser.parse_args(argv)
+    engine = FixtureEngine(args.port)
+    if args.stop:
+        engine.answer("/generate", stopping_answer())
+    engine.delay(args.delay_s)
+    print(f"fixture engine on {engine.url}", flush=True)
+    engine.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -89,6 +89,11 @@ class Workload:
         return ["--episodes", str(self.episodes), "--seed", str(self.seed),
                 "--n-samples-per-prompt", str(self.n_samples_per_prompt), *self.generator_args, *share]
 
+    @property
+    def dead_letters(self) -> int:
+        """Dead letters every run of the workload writes (a prompt group it fails on purpose): none."""
+        return 0
+
     def generator_stages(self) -> list[str]:
         """The generator stages' names: ``generate``, then ``generate-2``, ``generate-3``, ..."""
         return ["generate", *(f"generate-{i + 1}" for i in range(1, self.generators))]
@@ -123,7 +128,7 @@ class Expected:
     def estimate(cls, workload: Workload) -> "Expected":
         groups = -(-workload.episodes // workload.n_samples_per_prompt)
         return cls(turns=2 * workload.episodes, episodes=workload.episodes,
-                   batches=-(-groups // workload.groups_per_batch))
+                   batches=-(-groups // workload.groups_per_batch), dead_letters=workload.dead_letters)
 
 
 class FaultNotInjected(Exception):

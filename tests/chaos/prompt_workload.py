@@ -21,10 +21,13 @@ Contract:
 * What was sent: the members' summaries' episodes (rollout key, attempt); with a member killed -9 (no summary) the
   episodes with a final turn in rollout.turns (``evidence.logged_episodes``), read once every member is done.
 * ``prompt_run_closed``, the scenarios' condition: the writer exited 0 (the run closed itself) and the ledger
-  says every loaded prompt group done, none failed, none in flight.
+  says every loaded prompt group done, none failed (but the workload's ``failing`` ones: each is one dead
+  letter of every run), none in flight. ``prompt_run_resumed``: that, and the members' summaries
+  (``member_summaries``) say they reused logged turns. ``member_args`` replaces ``MEMBER_FLAGS`` (longer episodes).
 * ``kill_members(times, every_s)``: kill -9 of a member holding a prompt group (claimed in the ledger, not ended)
   ``times`` times, ``every_s`` apart (sooner at i/(times + 1) of the prompt groups done, so each lands before the
-  run is over), a new member started in its place each time. ``scale_members(add, stop)``:
+  run is over), a new member started in its place each time; with ``part_way`` only a member holding a prompt
+  group with turns of unfinished episodes on the log, stopped and checked again first. ``scale_members(add, stop)``:
   ``add`` members added once the first has done prompt groups, then ``stop`` members holding prompt groups stopped
   with SIGTERM (what they hold finishes or is handed back). Both fail the row (``FaultNotInjected``) when the run
   is over before their last step: a workload too small proves nothing. Each notes, last, the ledger at the end.
@@ -56,6 +59,7 @@ MEMBER_FLAGS = ("--engine", "sim", "--max-turns", "2", "--min-response-len", "4"
                 "--max-response-len", "12", "--vocab-size", "512", "--retry-prob", "0.2")
 STOPPED_EXIT = 128 + signal.SIGTERM  # a member stopped with SIGTERM: what it held finished or went back
 LEDGER_POLL_S = 0.5
+FREEZE_SETTLE_S = 0.5  # a member stopped before a part-way kill: its last sends reach the ledger meanwhile
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class PromptWorkload(Workload):
     concurrency: int = 1  # prompt groups in flight per member
     turn_latency_ms: int = 300  # the sim engine's least time per turn: a kill lands mid-group
     writer_args: tuple[str, ...] = (WRITER_ENDS,)
+    member_args: tuple[str, ...] = MEMBER_FLAGS
+    failing: int = 0  # prompt groups every run of the workload fails (each one ``failed_prompt`` dead letter)
 
     @property
     def prompt_groups(self) -> int:
@@ -78,7 +84,11 @@ class PromptWorkload(Workload):
 
     def member_flags(self) -> list[str]:
         return ["--from-prompts", "--concurrency", str(self.concurrency), "--turn-latency-ms",
-                str(self.turn_latency_ms), "--seed", str(self.seed), *MEMBER_FLAGS]
+                str(self.turn_latency_ms), "--seed", str(self.seed), *self.member_args]
+
+    @property
+    def dead_letters(self) -> int:
+        return self.failing
 
     def new_run(self, bootstrap: str, out: Path, **kwargs: Any) -> "PromptRun":
         return PromptRun(bootstrap, self, out, **kwargs)
@@ -172,12 +182,25 @@ class PromptRun(ChaosRun):
 
 
 def prompt_run_closed(run: PromptRun) -> bool:
-    """The run closed itself (the writer exited 0) with every loaded prompt group done, none failed."""
+    """The run closed itself (the writer exited 0) with every loaded prompt group done, none failed (but the
+    workload's ``failing`` ones)."""
     if run.stages["shards"].poll() != 0:
         return False
     counts = run.ledger().counts()
-    groups = run.workload.prompt_groups
-    return (counts["loaded"], counts["done"], counts["failed"], counts["in_flight"]) == (groups, groups, 0, 0)
+    groups, failing = run.workload.prompt_groups, run.workload.failing
+    return (counts["loaded"], counts["done"], counts["failed"], counts["in_flight"]) == (
+        groups, groups - failing, failing, 0)
+
+
+def member_summaries(run: PromptRun) -> list[dict]:
+    """The summaries the run's members wrote (a member killed -9 wrote none)."""
+    return [json.loads(p.read_text()) for m in run.launched if (p := run.summary_of(m)).exists()]
+
+
+def prompt_run_resumed(run: PromptRun) -> bool:
+    """``prompt_run_closed``, and the members that took killed members' prompt groups over resumed episodes from
+    their logged turns (the summaries say how many turns they reused instead of making them again)."""
+    return prompt_run_closed(run) and sum(s["turns_reused"] for s in member_summaries(run)) >= 1
 
 
 def _final_ledger(ctx: FaultContext) -> str:
@@ -190,7 +213,7 @@ def _final_ledger(ctx: FaultContext) -> str:
            f"redelivered {counts['redelivered']}"
 
 
-def _wait_ledger(ctx: FaultContext, what: str, predicate, timeout_s: float = 300.0) -> PromptLedger:
+def wait_ledger(ctx: FaultContext, what: str, predicate, timeout_s: float = 300.0) -> PromptLedger:
     """Block until the ledger satisfies ``predicate``; the run over first (every prompt group ended): not injected."""
     run: PromptRun = ctx.run
     deadline = time.monotonic() + timeout_s
@@ -204,36 +227,60 @@ def _wait_ledger(ctx: FaultContext, what: str, predicate, timeout_s: float = 300
     raise FaultNotInjected(f"{what} did not happen within {timeout_s:.0f}s")
 
 
-def kill_members(times: int, every_s: float) -> Any:
+def kill_members(times: int, every_s: float, part_way: bool = False) -> Any:
     """kill -9 of a member holding a prompt group, ``times`` times: the first once 2 prompt groups are done, each
     next one ``every_s`` after the last or, if sooner, once i/(times + 1) of the prompt groups are done (so every
     kill lands before the run is over). Each victim is replaced at once by a new member; the stages are taken in
-    turn (the first holding a group, from the next one after the last hit)."""
+    turn (the first holding a group, from the next one after the last hit). ``part_way``: only a member holding a
+    prompt group with turns of unfinished episodes on the log (``PromptLedger.part_way``), stopped (SIGSTOP) and
+    the ledger read again before the kill, so what it held part-way is what its taker finds."""
+
+    def holders_now(run: PromptRun, led: PromptLedger) -> list[str]:
+        if not part_way:
+            return run.holding(led)
+        members = {m for m, _, _ in led.part_way()}
+        return [n for n in run.holding(led) if run.member_of[n] in members]
 
     def fault(ctx: FaultContext) -> None:
         run: PromptRun = ctx.run
         moments, turn, last = [], 0, 0.0
-        for i in range(1, times + 1):
-            due = 2 if i == 1 else run.workload.prompt_groups * i // (times + 1)
-            wait_s = None if i == 1 else every_s
+        i = 0
+        while i < times:
+            due = 2 if i == 0 else run.workload.prompt_groups * (i + 1) // (times + 1)
+            wait_s = None if i == 0 else every_s
 
             def moment(led: PromptLedger, due: int = due, since: float = last, wait_s: float | None = wait_s) -> bool:
                 late = wait_s is not None and time.monotonic() - since >= wait_s
-                return bool(run.holding(led)) and (len(led.ended) >= due or late)
+                return bool(holders_now(run, led)) and (len(led.ended) >= due or late)
 
-            ledger = _wait_ledger(ctx, f"kill #{i}", moment)
-            holders = run.holding(ledger)
+            ledger = wait_ledger(ctx, f"kill #{i + 1}", moment)
+            holders = holders_now(run, ledger)
             order = run.member_stages[turn:] + run.member_stages[:turn]
             victim = next(n for n in order if n in holders)
+            if part_way:
+                run.signal_stage(victim, signal.SIGSTOP)
+                ctx.sleep(FREEZE_SETTLE_S)  # what it sent before the stop reaches the ledger
+                ledger = run.ledger()
+                if victim not in holders_now(run, ledger):
+                    run.signal_stage(victim, signal.SIGCONT)  # it finished what it held part-way: another moment
+                    continue
+            i += 1
             turn = (run.member_stages.index(victim) + 1) % len(run.member_stages)
             member = run.member_of[victim]
             run.kill_stage(victim)
             ctx.lifted()
             last = ctx.lifts[-1]
             moments.append(f"{member} at {len(ledger.ended)}")
-            ctx.note(f"kill -9 #{i} of {victim} (member {member}, holding a prompt group) at {len(ledger.ended)} "
+            held = [f"{p} ({n} turns logged)" for m, p, n in ledger.part_way() if m == member]
+            ctx.note(f"kill -9 #{i} of {victim} (member {member}, holding a prompt group"
+                     f"{': part-way ' + ', '.join(held) if part_way else ''}) at {len(ledger.ended)} "
                      f"prompt groups done; {run.member_of[victim]} started in its place")
-        ctx.note(f"killed {', '.join(moments)} done; {_final_ledger(ctx)}")
+        final = _final_ledger(ctx)
+        if part_way:  # the members write their summaries as they exit, once every prompt group has ended
+            while not run.members_done():
+                ctx.sleep(LEDGER_POLL_S)
+            final += f"; takers reused {sum(s['turns_reused'] for s in member_summaries(run))} logged turns"
+        ctx.note(f"killed {', '.join(moments)} done; {final}")
 
     return fault
 
@@ -244,12 +291,12 @@ def scale_members(add: int, stop: int, exit_timeout_s: float = 120.0) -> Any:
 
     def fault(ctx: FaultContext) -> None:
         run: PromptRun = ctx.run
-        first = _wait_ledger(ctx, "scaling up", lambda led: len(led.ended) >= 2)
+        first = wait_ledger(ctx, "scaling up", lambda led: len(led.ended) >= 2)
         added = [run.add_member() for _ in range(add)]
         ids = {run.member_of[n] for n in added}
-        ledger = _wait_ledger(ctx, "every added member claiming a prompt group",
+        ledger = wait_ledger(ctx, "every added member claiming a prompt group",
                               lambda led: ids <= set(led.claimant.values()))
-        ledger = _wait_ledger(ctx, f"{stop} members holding prompt groups", lambda led: len(run.holding(led)) >= stop)
+        ledger = wait_ledger(ctx, f"{stop} members holding prompt groups", lambda led: len(run.holding(led)) >= stop)
         stopped = run.holding(ledger)[:stop]
         for name in stopped:
             run.stop_stage(name)

@@ -13,7 +13,10 @@ from typing import Callable
 from tests.chaos import faults
 from tests.chaos.faults import Fault
 from tests.chaos.harness import WRITER_ENDS, ChaosRun, Signal, Workload
-from tests.chaos.prompt_workload import PromptWorkload, kill_members, prompt_run_closed, scale_members
+from tests.chaos.http_workload import (HttpPromptWorkload, counting_tool_calls, engine_passed_over,
+                                       kill_engine_mid_run, tools_ran_once)
+from tests.chaos.prompt_workload import (MEMBER_FLAGS, PromptWorkload, kill_members, prompt_run_closed,
+                                         prompt_run_resumed, scale_members)
 
 STANDARD = Workload("standard", episodes=192)
 SMALL = Workload("small", episodes=64)
@@ -32,6 +35,12 @@ TWO_GENERATORS = Workload("two-generators", episodes=192, generators=2, generato
 # the ~20 s an added member takes to start on a 2-core machine)
 PROMPTS_THREE = PromptWorkload("prompts-3-members", episodes=96 * 4, generators=3)
 PROMPTS_ONE = PromptWorkload("prompts-1-member", episodes=44 * 4, generators=1)
+# episodes of up to 6 turns, two prompt groups in flight per member: a kill lands on episodes part-way
+PROMPTS_LONG = PromptWorkload("prompts-6-turns", episodes=48 * 4, generators=3, concurrency=2,
+                              member_args=(*MEMBER_FLAGS, "--max-turns", "6"))
+# members calling two fixture HTTP engines, with the tool environment, and one prompt group every engine dies on
+PROMPTS_HTTP = HttpPromptWorkload("prompts-http-tools", episodes=96 * 2, n_samples_per_prompt=2, generators=2,
+                                  concurrency=2)
 
 # Recovery: the faulted stage's own output grows again (turns sent, episodes merged, batches written);
 # for a broker, cluster or record fault, the pipeline's end product: the next batch on disk.
@@ -137,6 +146,16 @@ FULL = [
     Scenario("prompts-scale-1-3-1", "the generator group fed from rollout.prompts scaled 1 -> 3 members mid-run, then "
              "3 -> 1 (two holding prompt groups stopped with SIGTERM, handing back); the run closes itself",
              PROMPTS_ONE, scale_members(2, 2), progress=TURNS, condition=prompt_run_closed),
+    Scenario("prompts-resume-kill-mid-episode", "episodes of up to 6 turns: kill -9 of a member holding prompt groups "
+             "part-way (turns of unfinished episodes on the log) 3x; its takers resume them from the log",
+             PROMPTS_LONG, kill_members(3, 15, part_way=True), progress=TURNS, condition=prompt_run_resumed),
+    Scenario("prompts-http-engine-kill", "members calling a pool of 2 HTTP engines (tool environment, a prompt group "
+             "every engine dies on, failed once): one engine killed -9 mid-request, back 10 s later",
+             PROMPTS_HTTP, kill_engine_mid_run(0, 10), progress=TURNS, condition=engine_passed_over(0)),
+    Scenario("prompts-http-kill-member-tools", "members calling HTTP engines, with the tool environment: kill -9 of a "
+             "member holding episodes part-way 2x; every tool call of the undisturbed run runs, none whose result "
+             "was on the log runs again", PROMPTS_HTTP, counting_tool_calls(kill_members(2, 10, part_way=True)),
+             progress=TURNS, condition=tools_ran_once),
     Scenario("long-episodes-128k", "episodes of up to 4 turns x 32k response tokens (128k) must reach the shards",
              LONG, None, timeout_s=1200, compare=False, longest_episode=LONG_EPISODE_TOKENS),
 ]

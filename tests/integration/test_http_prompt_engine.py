@@ -6,7 +6,6 @@ killed mid-episode is resumed from the log by the next, and no tool call whose r
 
 from __future__ import annotations
 
-import copy
 import re
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders
 from rollout_bus.wire.prompt_record import PromptGroup
 from rollout_bus.wire.topics import Topics
-from tests.engine_server import DIE, FixtureEngine, fixture
+from tests.engine_server import DIE, FixtureEngine, stopping_answer
 from tests.integration.pipeline_harness import wait_until
 from tests.integration.prompt_group_harness import Member, ledger_counts, put_prompts, synthetic_prompts
 
@@ -58,9 +57,7 @@ def test_multi_turn_episodes_are_made_scored_and_a_prompt_whose_reward_raises_is
     poisoned = PromptGroup("q-poison", 3, [7, 8, 9], SAMPLES)
     put_prompts(client_kwargs, run_topics, good + [poisoned])
     with FixtureEngine() as engine:
-        answer = copy.deepcopy(fixture("generate_mask_only"))
-        answer["meta_info"]["finish_reason"] = {"type": "stop"}  # turns that complete: the environment goes on
-        engine.answer("/generate", answer)
+        engine.answer("/generate", stopping_answer())  # turns that complete: the environment goes on
         member = http_member(kafka_bootstrap, run_topics, tmp_path, engine, "--env", "tests.prompt_plugins:two_turns",
                              "--reward-fn", "tests.prompt_plugins:unless_poisoned", "--max-deliveries", "2")
         assert member.wait(180) == 0, member.log()[-3000:]
@@ -131,9 +128,7 @@ def test_a_member_killed_mid_episode_is_resumed_and_no_tool_call_whose_result_is
     tools = ("--env", "rollout_bus.sim.environment:tool_env", "--reward-fn", "tests.prompt_plugins:response_length",
              "--max-turns", "6", "--concurrency", "3")
     with FixtureEngine() as engine:
-        answer = copy.deepcopy(fixture("generate_mask_only"))
-        answer["meta_info"]["finish_reason"] = {"type": "stop"}  # turns that complete: the environment goes on
-        engine.answer("/generate", answer)
+        engine.answer("/generate", stopping_answer())  # turns that complete: the environment goes on
         engine.delay(0.7)
         victim = http_member(kafka_bootstrap, run_topics, tmp_path, engine, *tools)
 
