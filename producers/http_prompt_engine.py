@@ -21,8 +21,9 @@ Contract:
   ``producers.resume_plan.Logged``): an episode continues from them, never asking the engine again. Its logged
   turns are yielded as they are (the member sends none of them again), the environment is given back each logged
   observation (``EpisodeEnv.record``: no tool runs for a step whose answer is on the log), and the next turn's
-  context is the last logged turn's tokens and the environment's answer to it (the one step that may run again:
-  its answer never reached the log). A finished episode is yielded whole and nothing is asked. Its attempt is the
+  context is the last logged turn's tokens and the environment's answer to it: given back too when the last
+  turn's mark noted it (every turn's kwargs carry the answer the environment gave after it, ``observation``, which
+  the member notes with the turn), run only when the log lacks it. A finished episode is yielded whole and nothing is asked. Its attempt is the
   logged one; a retry of it starts again at turn 0 as the next attempt.
 * Sampling: ``sampling`` (the generator's defaults), then the prompt's own ``sampling`` over them; checked by
   ``engine_request`` before any call: a refusal (``ConfigError``) fails the delivery, nothing sent.
@@ -63,7 +64,7 @@ from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.producers.engine_adapter import turn_from_engine_response
 from rollout_bus.producers.engine_pool import EnginePool
 from rollout_bus.producers.engine_request import check_sampling_params, generate_request
-from rollout_bus.producers.resume_plan import Logged, observation_between
+from rollout_bus.producers.resume_plan import Logged, env_answer, observation_between
 from rollout_bus.producers.plugins import (DEFAULT_REWARD_KEY, EnvPlugin, RewardPlugin, episode_name,
                                           episode_so_far)
 from rollout_bus.wire.prompt_record import PromptGroup
@@ -143,8 +144,9 @@ class HttpPromptEngine:
         context, turns = list(prompt.input_ids), []
         cut: list[Sample] = []  # the cut parts of the engine turn in progress (aborted with partial output)
 
-        def record(sample: Sample, final: bool) -> tuple[Sample, dict]:
-            return sample, {"turn": len(turns) - 1, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+        def record(sample: Sample, final: bool, observation: list[int] | None = None) -> tuple[Sample, dict]:
+            args = {"turn": len(turns) - 1, "attempt": attempt, "final": final, "group_size": prompt.n_samples}
+            return sample, args if observation is None else {**args, "observation": observation}
 
         if logged is not None and logged.turns:  # resumed: the turns the log holds, given back, not asked again
             for k, sample in enumerate(logged.turns):
@@ -162,7 +164,7 @@ class HttpPromptEngine:
             else:
                 observation = None
                 if env is not None and self._rounds(turns) < self.max_turns and last.status is Status.COMPLETED:
-                    observation = env.step(episode_so_far(turns))
+                    observation = env_answer(env, episode_so_far(turns), logged, len(turns) - 1)
                 if observation is None:  # the environment is done after the last logged turn: it is the final one
                     if self.reward is not None:
                         last = copy.deepcopy(last)
@@ -191,7 +193,7 @@ class HttpPromptEngine:
             final = observation is None
             if final and self.reward is not None:
                 self.reward.apply(sample, episode_so_far(turns), episode)
-            yield record(sample, final)
+            yield record(sample, final, observation)  # the answer is noted with the turn: never run again
             if final:
                 return
             context = [int(t) for t in sample.tokens] + observation

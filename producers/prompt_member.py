@@ -13,7 +13,8 @@ Contract:
   rollout.prompts in group ``Topics.group(GENERATORS_GROUP)`` and runs up to ``options.concurrency`` prompt groups
   at once, each on a worker thread: ``make_turns(prompt, logged)`` yields ``(sample, publish_turn kwargs)`` and every
   turn is sent with the prompt group's delivery in its ``delivery`` header. Each turn acknowledged is noted on the
-  ledger (a ``progress`` event: which episode, attempt and turn, and where the record is; sent without waiting).
+  ledger (a ``progress`` event: which episode, attempt and turn, and where the record is; sent without waiting),
+  with the environment's answer after it when the engine's kwargs carry one (``observation``: not a header).
 * A delivery above 1 resumes: the episodes the ledger says the log holds (``PromptLedger.progress``) are read back
   from rollout.turns by offset (``producers.resume_plan``); ``logged`` hands the engine each episode's logged turns
   to continue from, and a turn it yields that the log holds byte for byte is not sent again. A finished
@@ -347,9 +348,10 @@ class _Member:
         futures, episodes = [], []
         prompt = task.prompt
         plan = self._resume_plan(task)
-        for sample, args in self.make_turns(prompt, plan.logged):
+        for sample, made in self.make_turns(prompt, plan.logged):
             if task.cancel.is_set():
                 raise HandedBack(prompt.id)
+            args = {k: v for k, v in made.items() if k != "observation"}  # the environment's answer: the mark's
             j = sample.index - prompt.group_index * prompt.n_samples
             fate = plan.take(j, sample, args, encode_samples([sample], TURN_FIELDS)) if plan.episodes else TurnFate.SEND
             if fate is not TurnFate.REUSE:
@@ -357,7 +359,7 @@ class _Member:
                 with self.send_lock:  # one sender at a time (never the state lock: the IO thread's listener takes it)
                     future = self.publisher.publish_turn(sample, delivery=task.delivery, resumed=resumed, **args)
                     self.summary.turns_sent += 1
-                future.add_callback(self._noter(task, j, args, resumed))
+                future.add_callback(self._noter(task, j, args, resumed, made.get("observation")))
                 futures.append(future)
             if args["final"]:
                 episodes.append((rollout_key_of(sample), args["attempt"]))
@@ -396,11 +398,14 @@ class _Member:
                            task.prompt.id, len(plan.missing), self.topics.turns, "; ".join(plan.missing))
         return plan
 
-    def _noter(self, task: _Task, j: int, args: Mapping[str, Any], resumed: bool) -> Callable[[Any], None]:
-        """The producer callback that notes an acknowledged turn on the ledger (its ``progress`` event)."""
+    def _noter(self, task: _Task, j: int, args: Mapping[str, Any], resumed: bool,
+               observation: Any = None) -> Callable[[Any], None]:
+        """The producer callback that notes an acknowledged turn on the ledger (its ``progress`` event), with the
+        environment's answer after it when the engine gave one (its tool call then never runs again)."""
         def note(metadata: Any) -> None:
             mark = TurnMark(j, args.get("attempt", 0), args["turn"], bool(args["final"]), resumed,
-                            metadata.partition, metadata.offset)
+                            metadata.partition, metadata.offset,
+                            None if observation is None else tuple(int(t) for t in observation))
             self.ledger.note(LedgerEvent("progress", task.prompt.id, task.delivery, self.options.generator_id,
                                          mark=mark))
         return note

@@ -12,8 +12,8 @@ Contract:
   ``EpisodeProgress``, ``records`` the fetched turn records by (partition, offset). An episode keeps the turns
   whose records were found, from turn 0 up to the first that is missing (``missing`` names the rest: the log no
   longer holds them, retention; said loudly by the caller, and they are made again).
-* ``logged`` maps each episode to its ``Logged`` turns, decoded (turn 0 up, of the attempt the log holds, and
-  whether the last is final): an engine
+* ``logged`` maps each episode to its ``Logged`` turns, decoded (turn 0 up, of the attempt the log holds,
+  whether the last is final, and the environment's answer after the last when its mark noted one): an engine
   continues from them (a real engine: from their tokens, its environment given back the observations between
   them, never executed again) or makes them again without its latency (the seeded engine, to reach the same
   draws). A record that does not decode counts as missing.
@@ -24,6 +24,9 @@ Contract:
   below it kept) or ``SEND``. An engine whose turn differs from the logged one (another engine, other weights)
   continues from the last turn that matched: that one and what follows are sent. Turns of an attempt below the
   logged one were superseded on the log: not sent (and not counted as reused).
+* ``env_answer(env, so_far, logged, k, made=None)``: the environment's answer after turn ``k``, given back from
+  the log (``Logged.observation_after``: the next logged turn's forced tokens, or the last one's noted answer)
+  with ``env.record`` when it is there, else ``env.step``: a tool whose answer is on the log never runs again.
 * Counts for the generator's summary: ``reused_turns``, ``reused_tokens``, ``resumed_episodes`` (continued past
   turn 0), ``reused_episodes`` (found finished).
 """
@@ -44,11 +47,35 @@ from rollout_bus.wire.prompt_record import EpisodeProgress, PromptGroup
 
 @dataclass(frozen=True)
 class Logged:
-    """An episode's turns the log holds, decoded: turn 0 up, of ``attempt``; ``finished``: the last one is final."""
+    """An episode's turns the log holds, decoded: turn 0 up, of ``attempt``; ``finished``: the last one is final;
+    ``observation``: the environment's answer after the last one, when its mark noted one."""
 
     attempt: int
     turns: tuple[Sample, ...]
     finished: bool
+    observation: tuple[int, ...] | None = None
+
+    def observation_after(self, k: int, made: Sample | None = None) -> list[int] | None:
+        """The environment's answer after logged turn ``k``, if the log holds it (the next turn's forced tokens,
+        or the last turn's noted answer), else None; with ``made``, only if that turn is the logged one (same
+        tokens: an engine that made it again the same way)."""
+        if not 0 <= k < len(self.turns) or (made is not None and list(made.tokens) != list(self.turns[k].tokens)):
+            return None
+        if k + 1 < len(self.turns):
+            return observation_between(self.turns[k], self.turns[k + 1])
+        return list(self.observation) if self.observation is not None else None
+
+
+def env_answer(env: Any, so_far: Sample, logged: Logged | None, k: int,
+               made: Sample | None = None) -> list[int] | None:
+    """The environment's answer after turn ``k`` of an episode (``so_far``: the episode up to it): given back from
+    the log when it holds it (``env.record``: the tool is not run again), else ``env.step`` (None: the episode is
+    over)."""
+    known = logged.observation_after(k, made) if logged is not None else None
+    if known is not None:
+        env.record(so_far, known)
+        return known
+    return env.step(so_far)
 
 
 def observation_between(turn: Sample, following: Sample) -> list[int]:
@@ -73,6 +100,7 @@ class _Episode:
     values: list[bytes]  # the logged turns' payloads, turn 0 up
     turns: list[Sample]  # the same, decoded
     finished: bool
+    observation: tuple[int, ...] | None  # the environment's answer after the last one, when noted
     diverged: bool = False
     sent: bool = False
 
@@ -109,13 +137,14 @@ class ResumePlan:
                 values.append(value)
                 turns.append(turn)
             if values:
-                plan.episodes[j] = _Episode(held.attempt, values, turns,
-                                            held.finished and len(values) == len(held.marks))
+                whole = len(values) == len(held.marks)
+                plan.episodes[j] = _Episode(held.attempt, values, turns, held.finished and whole,
+                                            held.marks[-1].observation if whole else None)
         return plan
 
     @property
     def logged(self) -> dict[int, Logged]:
-        return {j: Logged(e.attempt, tuple(e.turns), e.finished) for j, e in self.episodes.items()}
+        return {j: Logged(e.attempt, tuple(e.turns), e.finished, e.observation) for j, e in self.episodes.items()}
 
     def take(self, j: int, sample: Sample, args: Mapping[str, Any], value: bytes) -> TurnFate:
         episode = self.episodes.get(j)

@@ -119,11 +119,14 @@ def _pieces(sample: Sample, versions: list[int]) -> list[Sample]:
 
 
 def emit_turn(sample: Sample, episode: PolicyEpisode, out: TurnOutput, *, final: bool,
-          group_size: int) -> Iterator[tuple[Sample, dict]]:
+              group_size: int, observation: list[int] | None = None) -> Iterator[tuple[Sample, dict]]:
+    """The turn's records (one per piece sampled under one version); the last carries ``observation``, the
+    environment's answer after the turn, for the prompt-fed member to note with it."""
     pieces = _pieces(sample, out.versions)
     for i, piece in enumerate(pieces):
         last = i == len(pieces) - 1
-        yield piece, {"turn": episode.turn, "attempt": 0, "final": final and last, "group_size": group_size}
+        args = {"turn": episode.turn, "attempt": 0, "final": final and last, "group_size": group_size}
+        yield piece, ({**args, "observation": observation} if last and observation is not None else args)
         episode.turn += 1
 
 

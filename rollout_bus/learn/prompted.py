@@ -22,9 +22,11 @@ Contract:
 * Resumed (``logged``: the turns a later delivery found on the log). Under the weights that made them (every
   logged token's version is the engine's), the group is sampled again as it was (the same draws, so the same
   turns, byte for byte, and the member sends none of them again: a run killed at random gives the undisturbed
-  run's shards). Once the weights moved on, sampling again would make other turns, so each episode continues
+  run's shards); the environment is given back every answer the log holds (the next logged turn's forced
+  tokens, or the one noted with the last: each turn's kwargs carry the environment's answer after it,
+  ``observation``) and runs only the steps it lacks. Once the weights moved on, sampling again would make other turns, so each episode continues
   from its logged turns instead: they are yielded as they are, the environment is given back each logged
-  observation (``record``) and asked only after the last logged turn, and a turn whose last logged piece was
+  observation (``record``) and asked only after the last logged turn (unless noted with it), and a turn whose last logged piece was
   cut (its pieces split at a version change, the rest never published) continues from that piece with the
   tokens it has left. The new tokens carry the version that sampled them, so a resumed turn that spans a weight
   change holds the true per-token versions, and every log-prob stays the one its version gave.
@@ -49,7 +51,7 @@ from rollout_bus.learn.task import TURN_TOKENS
 from rollout_bus.model.sample import AdapterRef, Sample, Status
 from rollout_bus.policy.vocab import VOCAB
 from rollout_bus.producers.groups import GroupSpec, parse_adapters
-from rollout_bus.producers.resume_plan import Logged, observation_between
+from rollout_bus.producers.resume_plan import Logged, env_answer, observation_between
 from rollout_bus.producers.plugins import EnvPlugin, RewardPlugin, episode_name, episode_so_far
 from rollout_bus.wire.prompt_record import PromptGroup
 
@@ -106,7 +108,7 @@ class PolicyPromptEngine:
             return True
         observation = None
         if env is not None and rounds[j] < self.settings.max_turns:
-            observation = env.step(episode_so_far(turns))
+            observation = env_answer(env, episode_so_far(turns), logged, len(logged.turns) - 1)
         if observation is None:  # the environment is done after the last logged turn: that turn is the final one
             final = copy.deepcopy(last)
             if self.reward is not None:
@@ -170,12 +172,13 @@ class PolicyPromptEngine:
                 turns[episode.index].append(sample)
                 rounds[j] += 1
                 observation = None
-                if envs[j] is not None and rounds[j] < self.settings.max_turns:
-                    observation = envs[j].step(episode_so_far(turns[episode.index]))
+                if envs[j] is not None and rounds[j] < self.settings.max_turns:  # given back if on the log
+                    observation = env_answer(envs[j], episode_so_far(turns[episode.index]),
+                                             (logged or {}).get(j), episode.turn, sample)
                 final = observation is None
                 if final and self.reward is not None:
                     self.reward.apply(sample, episode_so_far(turns[episode.index]), episode_name(prompt, j))
-                yield from emit_turn(sample, episode, out, final=final, group_size=n)
+                yield from emit_turn(sample, episode, out, final=final, group_size=n, observation=observation)
                 if not final:
                     episode.context = np.concatenate([sample.tokens, np.asarray(observation, np.int64)])
                     episode.full_log_probs = [*sample.metadata[FULL_LOG_PROBS], *([None] * len(observation))]

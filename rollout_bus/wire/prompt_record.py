@@ -119,7 +119,9 @@ class PromptGroup:
 class TurnMark:
     """One acknowledged turn of a prompt group's episode: episode ``sample`` (0..n_samples-1), its ``attempt`` and
     ``turn`` headers, ``final``, ``resumed`` (the turn carries the ``resumed`` header), and the record's place on
-    rollout.turns (``partition``, ``offset``)."""
+    rollout.turns (``partition``, ``offset``); ``observation``, when the episode's environment answered after this
+    turn, its answer (token ids): the tool call it ran is then on the log before the next turn is, and a taker
+    gives it back instead of running it again."""
 
     sample: int
     attempt: int
@@ -128,6 +130,7 @@ class TurnMark:
     resumed: bool
     partition: int
     offset: int
+    observation: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("sample", "attempt", "turn", "partition", "offset"):
@@ -136,12 +139,27 @@ class TurnMark:
         for name in ("final", "resumed"):
             if not isinstance(getattr(self, name), bool):
                 raise ContractError(must_be(f"progress mark field {name!r}", "true or false", getattr(self, name)))
+        if self.observation is not None:
+            if not isinstance(self.observation, (list, tuple)) or not all(_is_int(t, 0) for t in self.observation):
+                raise ContractError(must_be("progress mark field 'observation'", "a list of token ids (integers >= 0)",
+                                            self.observation))
+            object.__setattr__(self, "observation", tuple(self.observation))
+
+    def doc(self) -> dict[str, Any]:
+        """The mark as the event's JSON has it: ``observation`` only when there is one."""
+        doc = asdict(self)
+        if self.observation is None:
+            del doc["observation"]
+        else:
+            doc["observation"] = list(self.observation)
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Any) -> "TurnMark":
-        if not isinstance(doc, dict) or set(doc) != set(cls.__dataclass_fields__):
-            raise ContractError(must_be("ledger event field 'mark'", f"an object of {sorted(cls.__dataclass_fields__)}",
-                                        doc))
+        required = set(cls.__dataclass_fields__) - {"observation"}
+        if not isinstance(doc, dict) or not required <= set(doc) <= set(cls.__dataclass_fields__):
+            raise ContractError(must_be("ledger event field 'mark'", f"an object of {sorted(required)} (and "
+                                        "optionally 'observation')", doc))
         return cls(**doc)
 
 
@@ -157,6 +175,14 @@ class EpisodeProgress:
     @property
     def finished(self) -> bool:
         return bool(self.marks) and self.marks[-1].final
+
+    @property
+    def answers_logged(self) -> int:
+        """How many of the environment's answers (tool calls) the log holds: the one between each two logged turns,
+        and the one noted with the last; the calls a taker gives back instead of running (steps 1..this)."""
+        if not self.marks:
+            return 0
+        return len(self.marks) - 1 + (self.marks[-1].observation is not None)
 
     def then(self, delivery: int, mark: TurnMark) -> "EpisodeProgress":
         """The progress after ``mark`` of ``delivery`` is acknowledged, as the stream stage decides (WIRE.md 4.2):
@@ -212,6 +238,8 @@ class LedgerEvent:
         doc = asdict(self)
         if self.mark is None:
             del doc["mark"]  # the six fields every event has; only progress carries a seventh
+        else:
+            doc["mark"] = self.mark.doc()
         return compact_json(doc)
 
     @classmethod

@@ -23,8 +23,9 @@ Contract:
 * ``tool_calls(log_dir)``: (prompt group, episode, step) of every call the tool environment ran, from the member
   logs under ``log_dir`` (a killed member's included: its replacement appends to the same log).
 * ``tools_ran_once(run)``: the run closed (``prompt_run_closed``), and the tool calls its members ran are the
-  undisturbed run's (``baseline-<workload>`` beside the run's directory), each once, but for at most one call
-  again per episode a kill cut (a call whose result was not yet on the log when its member died).
+  undisturbed run's (``baseline-<workload>`` beside the run's directory), each once, but those whose answer was
+  not on the log when a kill cut them (``EpisodeProgress.answers_logged`` in the ledger each part-way kill found,
+  its victim stopped: a call the victim ran and had not yet noted with its turn).
 """
 
 from __future__ import annotations
@@ -168,8 +169,11 @@ def counting_tool_calls(fault: Any) -> Any:
         while not run.members_done():
             ctx.sleep(0.5)
         alone, ran = tool_calls(run.out.parent / f"baseline-{run.workload.name}" / "logs"), tool_calls(run.out / "logs")
+        again = _again(ran)
+        unanswered = sum(_unanswered_at_a_kill(run, call) for call in again)
         ctx.note(f"{ctx.notes[-1] if ctx.notes else ''}; tool calls: {len(ran)} run ({len(set(ran))} distinct), "
-                 f"{len(alone)} in the undisturbed run, {len(set(ran) ^ set(alone))} differ")
+                 f"{len(alone)} in the undisturbed run, {len(set(ran) ^ set(alone))} differ; {len(again)} ran again, "
+                 f"{unanswered} of them unanswered on the log at their kill")
 
     return counted
 
@@ -181,12 +185,22 @@ def tool_calls(log_dir: Path) -> list[tuple[str, int, int]]:
 
 
 def tools_ran_once(run: PromptRun) -> bool:
-    """The run closed, and its members' tool calls are the undisturbed run's, each once, but at most one more per
-    episode a kill cut (at most every episode of the prompt groups the killed members held)."""
+    """The run closed, and its members' tool calls are the undisturbed run's, each once but those whose answer was
+    not on the log when a kill cut them (the ledger as each part-way kill found it, its victim stopped: a call
+    the victim had run and not yet noted with its turn): no call whose answer was on the log ran again."""
     if not prompt_run_closed(run):
         return False
     alone = tool_calls(run.out.parent / f"baseline-{run.workload.name}" / "logs")
     ran = tool_calls(run.out / "logs")
-    again = len(ran) - len(set(ran))
-    cut = len(run.killed_members) * run.workload.concurrency * run.workload.n_samples_per_prompt
-    return bool(alone) and len(set(alone)) == len(alone) and set(ran) == set(alone) and again <= cut
+    return (bool(alone) and len(set(alone)) == len(alone) and set(ran) == set(alone)
+            and all(_unanswered_at_a_kill(run, call) for call in _again(ran)))
+
+
+def _again(ran: list[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+    return {call for call in ran if ran.count(call) > 1}
+
+
+def _unanswered_at_a_kill(run: PromptRun, call: tuple[str, int, int]) -> bool:
+    prompt, j, step = call
+    return any((held := ledger.progress.get(prompt, {}).get(j)) is None or held.answers_logged < step
+               for ledger in run.kill_ledgers)

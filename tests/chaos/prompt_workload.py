@@ -106,6 +106,7 @@ class PromptRun(ChaosRun):
         self.member_of: dict[str, str] = {}  # stage name -> the member id its current process runs as
         self.launched: list[str] = []  # every member id, in launch order
         self.killed_members: list[str] = []
+        self.kill_ledgers: list[PromptLedger] = []  # the ledger as each part-way kill found it (its victim stopped)
 
     def start(self) -> None:
         """Load the prompt file onto the run's rollout.prompts, then start the stages."""
@@ -267,6 +268,8 @@ def kill_members(times: int, every_s: float, part_way: bool = False) -> Any:
             i += 1
             turn = (run.member_stages.index(victim) + 1) % len(run.member_stages)
             member = run.member_of[victim]
+            if part_way:
+                run.kill_ledgers.append(ledger)
             run.kill_stage(victim)
             ctx.lifted()
             last = ctx.lifts[-1]

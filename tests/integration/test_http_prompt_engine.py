@@ -7,6 +7,7 @@ killed mid-episode is resumed from the log by the next, and no tool call whose r
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from rollout_bus.wire.codec import decode_samples
 from rollout_bus.wire.dead_letter import DeadLetter
 from rollout_bus.wire.episode_record import TURN_FIELDS
 from rollout_bus.wire.headers import TurnHeaders
-from rollout_bus.wire.prompt_record import PromptGroup
+from rollout_bus.wire.prompt_record import EpisodeProgress, PromptGroup
 from rollout_bus.wire.topics import Topics
 from tests.engine_server import DIE, FixtureEngine, stopping_answer
 from tests.integration.pipeline_harness import wait_until
@@ -120,9 +121,10 @@ def test_a_member_killed_mid_episode_is_resumed_and_no_tool_call_whose_result_is
         kafka_bootstrap, client_kwargs, run_topics, tmp_path):
     """The issue's side-effect check: the built-in tool environment logs every call it runs. A member is killed -9
     while its episodes are part-way through (an engine call takes 0.7 s); the one that takes the prompt groups over
-    continues each episode from its logged turns, so the tool calls it runs are only those whose results never
-    reached the log (the step after an episode's last logged turn), and the calls of both together are every call
-    of an undisturbed run once, plus at most that one step per episode cut."""
+    continues each episode from its logged turns and the answers noted with them, so the tool calls it runs are
+    only those whose answers never reached the log (the ledger read after the kill says which), and the calls of
+    both together are every call of an undisturbed run once, plus at most the one per episode that the victim ran
+    and died before noting."""
     prompts = [PromptGroup(f"q-tools-{i}", i, [5, 6, 7 + i], SAMPLES) for i in range(3)]
     put_prompts(client_kwargs, run_topics, prompts)
     tools = ("--env", "rollout_bus.sim.environment:tool_env", "--reward-fn", "tests.prompt_plugins:response_length",
@@ -132,15 +134,16 @@ def test_a_member_killed_mid_episode_is_resumed_and_no_tool_call_whose_result_is
         engine.delay(0.7)
         victim = http_member(kafka_bootstrap, run_topics, tmp_path, engine, *tools)
 
-        def logged_turns() -> dict[tuple[str, int], int]:
+        def in_flight() -> dict[tuple[str, int], EpisodeProgress]:
             ledger = read_ledger(client_kwargs, run_topics)
-            return {(p, j): len(e.marks) for p, episodes in ledger.progress.items() for j, e in episodes.items()
+            return {(p, j): e for p, episodes in ledger.progress.items() for j, e in episodes.items()
                     if not e.finished}
 
-        wait_until(lambda: any(n >= 2 for n in logged_turns().values()), 120,
+        wait_until(lambda: any(len(e.marks) >= 2 for e in in_flight().values()), 120,
                    "an episode of the victim with two turns on the log and more to come")
         victim.kill()
-        at_kill = logged_turns()
+        time.sleep(0.5)  # what the victim's socket held reaches the ledger
+        at_kill = {key: e.answers_logged for key, e in in_flight().items()}  # its tool calls' answers on the log
         engine.delay(0.0)
         taker = http_member(kafka_bootstrap, run_topics, tmp_path, engine, *tools)
         assert taker.wait(180) == 0, taker.log()[-3000:]
@@ -153,9 +156,9 @@ def test_a_member_killed_mid_episode_is_resumed_and_no_tool_call_whose_result_is
     assert (counts["done"], counts["failed"], counts["in_flight"]) == (3, 0, 0) and counts["redelivered"] >= 1, counts
     ran_victim, ran_taker, ran_alone = (_tool_calls(m.log()) for m in (victim, taker, alone))
     assert len(set(ran_alone)) == len(ran_alone) and set(ran_victim) | set(ran_taker) == set(ran_alone)
-    for prompt, j, step in ran_taker:  # a step whose result is on the log is turn `step`'s context: never run again
-        assert step >= at_kill.get((prompt, j), 0), (prompt, j, step, at_kill)
-    again = [call for call in ran_taker if call in set(ran_victim)]
-    assert len(again) <= len(at_kill), (again, at_kill)
+    for prompt, j, step in ran_taker:  # a step whose answer is on the log (noted with its turn) never runs again
+        assert step > at_kill.get((prompt, j), 0), (prompt, j, step, at_kill)
+    again = [call for call in ran_taker if call in set(ran_victim)]  # the victim ran them, their answers unnoted
+    assert len(again) <= sum(1 for (p, j), answered in at_kill.items() if (p, j, answered + 1) in set(ran_victim))
     summary = taker.summary()
     assert summary["turns_reused"] >= 2 and summary["episodes_resumed"] >= 1, summary

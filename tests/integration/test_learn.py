@@ -13,6 +13,7 @@ same batches to the same losses and write byte-identical checkpoints.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -34,15 +35,18 @@ BATCHES = 40  # 8 groups of 8 per batch: enough for the reward to rise by well o
 TIMEOUT_S = 300
 
 
+def _learn(bootstrap: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--learn", "--from-prompts",
+                           "--max-staleness", "0", *extra,
+                           "--episodes", str(BATCHES * 64), "--bootstrap-servers", bootstrap, "--out", str(out),
+                           "--timeout", str(TIMEOUT_S)],
+                          capture_output=True, text=True, timeout=TIMEOUT_S + 60, env={**os.environ, "COLUMNS": "200"})
+
+
 @pytest.fixture(scope="module")
 def learned(kafka_bootstrap, tmp_path_factory):
     out = tmp_path_factory.mktemp("learn") / "demo"
-    done = subprocess.run([sys.executable, "-m", "rollout_bus.cli.main", "demo", "--learn", "--from-prompts",
-                           "--max-staleness", "0", "--kill-members", "1",
-                           "--episodes", str(BATCHES * 64), "--bootstrap-servers", kafka_bootstrap, "--out", str(out),
-                           "--timeout", str(TIMEOUT_S)],
-                          capture_output=True, text=True, timeout=TIMEOUT_S + 60, env={**os.environ, "COLUMNS": "200"})
-    return out, done
+    return out, _learn(kafka_bootstrap, out, "--kill-members", "1")
 
 
 def _prefix(out: Path) -> str:
@@ -99,6 +103,23 @@ def test_a_member_killed_part_way_is_resumed_from_the_log_and_nothing_is_lost_or
     assert not (out / "generator-summary-g1.json").exists()
     assert sum(s["turns_reused"] for s in summaries) >= 1 and sum(s["episodes_resumed"] for s in summaries) >= 1
     assert sum(s["redelivered"] for s in summaries) >= 1
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.glob("shards/batch-*/dp-*.safetensors"))}
+
+
+@pytest.mark.chaos  # a second learn run (about 90 s): `pytest -m chaos tests/integration/test_learn.py`
+def test_the_run_with_a_member_killed_writes_the_shards_an_undisturbed_run_writes(kafka_bootstrap, learned, tmp_path):
+    """Same bytes with the policy engine: the takers replay the killed member's episodes under the same weights
+    and send only what the log lacks, so every shard equals the undisturbed run's, byte for byte."""
+    out, done = learned
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain = _learn(kafka_bootstrap, tmp_path / "plain")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    killed, undisturbed = _digests(out), _digests(tmp_path / "plain")
+    assert len(killed) == 2 * BATCHES and killed == undisturbed
 
 
 def _train_command(bootstrap: str, prefix: str, checkpoint_dir: Path, max_batches: int) -> list[str]:

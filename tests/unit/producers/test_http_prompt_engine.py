@@ -147,11 +147,18 @@ def test_a_plugin_that_raises_stops_the_episode_before_its_final_turn_is_sent(en
     assert not any(args["final"] for args in sent)
 
 
+def _published(turns: list[tuple[bytes, dict]]) -> list[tuple[bytes, dict]]:
+    """The records and publish kwargs, in turn order: the environment's answer (``observation``) is noted, not sent."""
+    return sorted(((value, {k: v for k, v in args.items() if k != "observation"}) for value, args in turns),
+                  key=lambda r: (r[1]["turn"], r[0]))
+
+
 def test_a_resumed_episode_continues_from_its_logged_turns_without_asking_the_engine_or_running_their_tools(
         engine, caplog):
     """The built-in tool env: episode 0 of this prompt has two observations (three turns). Two of its turns on the
     log: the engine is asked for the third only, the tool call between them is given back from the log (not run),
-    and what the resumed group yields is the undisturbed group, byte for byte."""
+    and what the resumed group yields is the undisturbed group, byte for byte. With the answer after the second
+    noted with it (its mark's ``observation``, which every turn's kwargs carry), no tool call runs at all."""
     import logging
 
     from rollout_bus.producers.resume_plan import Logged
@@ -174,13 +181,21 @@ def test_a_resumed_episode_continues_from_its_logged_turns_without_asking_the_en
     with caplog.at_level(logging.INFO, logger="rollout_bus.sim.environment"):
         resumed = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, logged)]
         ran = sum("tool call executed: prompt group p-tools-1 episode 0" in m for m in caplog.messages)
-    assert sorted(resumed, key=lambda r: (r[1]["turn"], r[0])) == sorted(undisturbed, key=lambda r: (r[1]["turn"], r[0]))
+    assert _published(resumed) == _published(undisturbed)
     assert len(engine.requests) - asked == asked - 2  # every call again but the two logged turns
     assert ran == 1  # the step between the logged turns came back from the log; the step after them ran again
+    answers = [a.get("observation") for _, a in episode_0]
+    assert answers[0] and answers[1] and answers[2] is None  # the environment's answer after each turn but the last
+    noted = {0: Logged(0, logged[0].turns, False, tuple(answers[1]))}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rollout_bus.sim.environment"):
+        resumed = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, noted)]
+        ran = sum("tool call executed: prompt group p-tools-1 episode 0" in m for m in caplog.messages)
+    assert _published(resumed) == _published(undisturbed) and ran == 0  # the answer after the last came back too
     finished = {0: Logged(0, tuple(decode_samples(value, TURN_FIELDS)[0][0] for value, _ in episode_0), True)}
     before = len(engine.requests)
     again = [(encode_samples([s], TURN_FIELDS), a) for s, a in made.turns(prompt, finished)]
-    assert sorted(again, key=lambda r: (r[1]["turn"], r[0])) == sorted(undisturbed, key=lambda r: (r[1]["turn"], r[0]))
+    assert _published(again) == _published(undisturbed)
     assert len(engine.requests) - before == asked - 3  # a finished episode asks nothing
 
 

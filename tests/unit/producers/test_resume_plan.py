@@ -167,3 +167,50 @@ def test_what_resuming_saved_reaches_the_generators_flow_and_a_seeded_generators
         {RESUMED_EPISODES: 2.0, REUSED_EPISODES: 1.0, REUSED_TURNS: 7.0, REUSED_TOKENS: 90.0}
     assert set(generator_flow(0.0, 0, 10.0)) == {k for k in flow if "reuse" not in k and "resumed" not in k}
     assert GATE_WAITS in flow and summary.to_json()["turns_reused"] == 7
+
+
+def test_a_mark_with_the_environments_answer_round_trips_and_a_bad_answer_is_refused():
+    import json
+    event = progress(1, TurnMark(0, 0, 1, False, False, 1, 11, (7, 8, 9)))
+    doc = json.loads(event.value())
+    assert doc["mark"]["observation"] == [7, 8, 9] and LedgerEvent.from_value(event.value()) == event
+    validate("ledger_event", doc)
+    assert b"observation" not in progress(1, mark(1, 11)).value()  # none: the key is left out
+    assert problems("ledger_event", doc | {"mark": doc["mark"] | {"observation": [-1]}})
+    for bad in ([-1], "7 8", [1.5], [True]):
+        with pytest.raises(ContractError, match="observation"):
+            TurnMark(0, 0, 1, False, False, 1, 11, bad)
+
+
+def test_the_answer_noted_with_the_last_logged_turn_reaches_the_engine_and_only_with_every_turn_found():
+    held = {0: EpisodeProgress(1, 0, (mark(0, 10), TurnMark(0, 0, 1, False, False, 1, 11, (5, 6))))}
+    whole = ResumePlan.of(PROMPT, held, _records({10: A[0], 11: A[1]})).logged[0]
+    assert whole.observation == (5, 6) and whole.observation_after(1) == [5, 6]
+    assert whole.observation_after(0) is not None and whole.observation_after(2) is None
+    cut = ResumePlan.of(PROMPT, held, _records({10: A[0]})).logged[0]  # turn 1 gone: its answer is no use
+    assert len(cut.turns) == 1 and cut.observation is None and cut.observation_after(0) is None
+
+
+def test_the_environment_is_given_back_what_the_log_holds_and_asked_only_for_the_rest():
+    from rollout_bus.producers.resume_plan import Logged, env_answer
+
+    class Env:
+        def __init__(self):
+            self.calls = []
+
+        def step(self, so_far):
+            self.calls.append("step")
+            return [1]
+
+        def record(self, so_far, observation):
+            self.calls.append(("record", tuple(observation)))
+
+    held = {0: EpisodeProgress(1, 0, (mark(0, 10), TurnMark(0, 0, 1, False, False, 1, 11, (5, 6))))}
+    logged = ResumePlan.of(PROMPT, held, _records({10: A[0], 11: A[1]})).logged[0]
+    env = Env()
+    assert env_answer(env, None, logged, 1) == [5, 6] and env.calls == [("record", (5, 6))]
+    assert env_answer(env, None, logged, 2) == [1] and env.calls[-1] == "step"  # past the log: run
+    assert env_answer(env, None, None, 0) == [1]  # nothing logged: run
+    other = Logged(0, logged.turns, False, (5, 6))
+    made = SimpleNamespace(tokens=[0])  # an engine that made turn 1 otherwise: its answer is not the logged one
+    assert env_answer(env, None, other, 1, made) == [1] and env.calls[-1] == "step"
