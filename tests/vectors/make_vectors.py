@@ -207,37 +207,35 @@ def prompt_group_vector() -> Vector:
     }, routing="key")
 
 
-def ledger_event_vector() -> Vector:
-    """A generator's ``claimed`` event for the prompt group above, its second delivery (a redelivery), with the
-    ``schema`` header the generators write (``rollout_bus.kafka.prompt_ledger.LedgerLog.write``)."""
-    event = LedgerEvent("claimed", "calc-00019", delivery=2, generator="g1of2-seed7")
+def _ledger_vector(name: str, event: LedgerEvent, description: str) -> Vector:
+    """A ledger event with the ``schema`` header the generators write (``rollout_bus.kafka.prompt_ledger``)."""
     headers = [(HEADER_SCHEMA, SCHEMA_VERSION.encode())]
-    return Vector("08-ledger-claimed", event.key(), headers, event.value(), {
-        "vector": "08-ledger-claimed", "topic": PROMPT_LEDGER_TOPIC, "record": "ledger-event",
-        "description": "a prompt group's second delivery claimed by generator g1of2-seed7: keyed by the prompt "
-                       "group's id (the same partition as its record on rollout.prompts); header schema; every "
-                       "field present, the unused ones empty or 0",
+    return Vector(name, event.key(), headers, event.value(), {
+        "vector": name, "topic": PROMPT_LEDGER_TOPIC, "record": "ledger-event", "description": description,
         "key": event.key().decode(),
-        "headers": {name: raw.decode() for name, raw in headers},
+        "headers": {header: raw.decode() for header, raw in headers},
         "value": json.loads(event.value()),
     }, routing="key")
+
+
+def ledger_event_vector() -> Vector:
+    """A generator's ``claimed`` event for the prompt group above, its second delivery (a redelivery)."""
+    return _ledger_vector("08-ledger-claimed", LedgerEvent("claimed", "calc-00019", delivery=2,
+                                                           generator="g1of2-seed7"),
+                          "a prompt group's second delivery claimed by generator g1of2-seed7: keyed by the prompt "
+                          "group's id (the same partition as its record on rollout.prompts); header schema; every "
+                          "field present, the unused ones empty or 0")
 
 
 def ledger_progress_vector() -> Vector:
     """That delivery's ``progress`` event: turn 2 of episode 1, resumed from the turns the first delivery logged
     (WIRE.md 15.2's example), acknowledged at rollout.turns partition 3 offset 812."""
     mark = TurnMark(sample=1, attempt=0, turn=2, final=False, resumed=True, partition=3, offset=812)
-    event = LedgerEvent("progress", "calc-00019", delivery=2, generator="g1of2-seed7", mark=mark)
-    headers = [(HEADER_SCHEMA, SCHEMA_VERSION.encode())]
-    return Vector("09-ledger-progress", event.key(), headers, event.value(), {
-        "vector": "09-ledger-progress", "topic": PROMPT_LEDGER_TOPIC, "record": "ledger-event",
-        "description": "a turn of the prompt group's second delivery acknowledged on rollout.turns (episode 1, "
-                       "attempt 0, turn 2, not final, resumed: the turns below it were the first delivery's), "
-                       "with its place there (partition 3, offset 812): the six fields and a seventh, mark",
-        "key": event.key().decode(),
-        "headers": {name: raw.decode() for name, raw in headers},
-        "value": json.loads(event.value()),
-    }, routing="key")
+    return _ledger_vector("09-ledger-progress", LedgerEvent("progress", "calc-00019", delivery=2,
+                                                            generator="g1of2-seed7", mark=mark),
+                          "a turn of the prompt group's second delivery acknowledged on rollout.turns (episode 1, "
+                          "attempt 0, turn 2, not final, resumed: the turns below it were the first delivery's), "
+                          "with its place there (partition 3, offset 812): the six fields and a seventh, mark")
 
 
 def build_vectors() -> list[Vector]:
