@@ -5,7 +5,9 @@ The same encoded turn records (the generator's workload, scaled by --episodes) a
 before and just after the pipeline; the better run counts); and
 (2) produced into the full pipeline (stream worker(s) + shard writer processes, started and warm):
 turns in, shards out; done once every final turn's episode is in a batch announced on rollout.shards.
-Reports turns/s of both and their ratio, response tokens/s, p50/p99 latency (under that full-speed
+Reports CPU per turn and per MB of payload of each stage (user + system from /proc, over the run, its idle rate
+subtracted) beside a plain consumer's (a process of its own reading the same records) and the built-in
+generator's (its engine only). Reports turns/s of both and their ratio, response tokens/s, p50/p99 latency (under that full-speed
 load) from a final turn's send to its episode record and to its batch's announcement on rollout.shards
 (broker LogAppendTime), and the peak memory (VmHWM) of each stage process. Every pipeline run is
 fresh (new topics, groups, out dir); progress goes to stderr, figures to stdout.
@@ -69,6 +71,24 @@ def latency_rows(prefix: str, result: dict) -> None:
               f"p99 {percentile(values, 0.99):6.0f} ms  (n={len(values)})")
 
 
+def cpu_rows(result: dict, raw_cpu: float, turns: int, payload: int, workload, args) -> None:
+    """CPU per turn of each stage (user + system from /proc, over the run, each stage's idle CPU subtracted) beside
+    the plain consumer's, and per MB of payload; the built-in generator's beside them (its engine only)."""
+    episodes = args.episodes
+    print(f"CPU per turn (user + system, over the run, idle subtracted; {turns} turns, {episodes} episode records, "
+          f"{payload / 1e6:.1f} MB):")
+    print(f"  plain consumer (kafka-python, no processing): {raw_cpu / turns * 1e6:7.0f} us/turn  "
+          f"{raw_cpu / (payload / 1e6) * 1e3:7.1f} ms/MB  ({raw_cpu:.2f} CPU-s)")
+    for name, cpu in result["cpu"].items():
+        per_record = f", {cpu / episodes * 1e6:.0f} us per episode record" if name == "shards" else ""
+        print(f"  {name:<13} {cpu / turns * 1e6:7.0f} us/turn  {cpu / (payload / 1e6) * 1e3:7.1f} ms/MB  "
+              f"{cpu / raw_cpu if raw_cpu else float('nan'):5.1f}x the plain consumer  ({cpu:.2f} CPU-s, idle "
+              f"{result['idle_cpu'][name] * 1e3:.0f} ms/s subtracted{per_record})")
+    made = len(workload.turns)
+    print(f"  built-in generator (its engine only, no Kafka): {workload.cpu_s / made * 1e6:7.0f} us/turn  "
+          f"({workload.cpu_s:.2f} CPU-s for the {made} distinct turns)")
+
+
 def memory_text(memory: dict) -> str:
     return ", ".join(f"{k} {v:.0f} MB" for k, v in memory.items())
 
@@ -127,13 +147,14 @@ def main() -> int:
     with BrokerLease(args.bootstrap_servers, echo=log) as bootstrap:
         conn = {"bootstrap_servers": bootstrap}
         log("raw bus (before the pipeline) ...")
-        raw_before = raw_bus(conn, records)
+        raw_before, raw_cpu_before = raw_bus(conn, records)
         log(f"raw bus done in {raw_before:.2f}s; running the pipeline with {args.stream_workers} stream worker(s) ...")
         result = pipeline_run(conn, records, args.episodes, args.out / "pipeline", workers=args.stream_workers,
                               **kw)
         log("raw bus (after the pipeline) ...")
-        raw_after = raw_bus(conn, records)
+        raw_after, raw_cpu_after = raw_bus(conn, records)
         raw_s = min(raw_before, raw_after)  # the ceiling: the better of the runs either side of the pipeline
+        raw_cpu = min(raw_cpu_before, raw_cpu_after)
         log(f"raw bus runs: {raw_before:.2f}s before, {raw_after:.2f}s after the pipeline")
         by_workers = {args.stream_workers: result}
         for workers in args.compare_workers:
@@ -158,7 +179,7 @@ def main() -> int:
         with secure:
             conn = secure.broker.connection()
             log(f"secured: raw bus as admin over SASL_SSL at {secure.broker.bootstrap} ...")
-            extra["secure_raw"] = raw_bus(conn, records)
+            extra["secure_raw"] = raw_bus(conn, records)[0]
             log("secured: the pipeline, each stage as its role's principal ...")
             extra["secure"] = pipeline_run(conn, records, args.episodes, args.out / "secure", workers=args.stream_workers,
                                            principals=secure.broker.secure.directory, **kw)
@@ -175,6 +196,7 @@ def main() -> int:
           f"{response_tokens / pipe_s:.0f} response tokens/s")
     print(f"pipeline / raw bus: {pipe_tps / raw_tps:.2f}x  (target >= 0.5x)")
     latency_rows("", result)
+    cpu_rows(result, raw_cpu, len(records), payload, workload, args)
     print(f"peak memory (VmHWM): {memory_text(result['memory'])}")
     if args.workload != "default" or args.stream_workers != 1:
         print(f"response tokens/s per stream worker: {response_tokens / pipe_s / args.stream_workers:.0f}  "

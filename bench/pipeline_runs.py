@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import math
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -31,6 +34,8 @@ from rollout_bus.wire.headers import TurnHeaders, control_kind
 from rollout_bus.demo.run import DemoOptions, DemoRun
 from rollout_bus.wire.rollout_key import rollout_key_of
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+IDLE_S = 2.0  # each stage's CPU while idle is measured this long before the clock starts, and subtracted
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}  # broker clock: latency independent of producers
 GROUP = 4  # GenerateSettings' n_samples_per_prompt
 WHOLE_BATCH = GROUP * DemoOptions().batching.groups_per_batch  # no end-of-run is sent: only whole batches get written
@@ -51,6 +56,7 @@ class Workload:
     name: str
     turns: list = field(default_factory=list)  # (Sample, publish kwargs)
     distinct: int = 0
+    cpu_s: float = 0.0  # the built-in generator's CPU making ``turns`` (process time, its engine only)
 
     def records(self, copies: int) -> tuple[list[tuple[bytes, bytes, dict]], int]:
         """(key, value, publish kwargs) of every turn of ``copies`` copies, and their response tokens."""
@@ -71,13 +77,16 @@ class Workload:
 
 
 def generate(name: str, distinct: int, seed: int) -> Workload:
+    """The built-in generator's turns (its engine only: no Kafka), and the CPU they took (``cpu_s``)."""
     settings = GenerateSettings(episodes=distinct, seed=seed, **WORKLOADS[name])
     workload, shown, groups = Workload(name, distinct=distinct), time.monotonic(), math.ceil(distinct / GROUP)
+    cpu = time.process_time()
     for sample, args in iter_turns(settings):
         workload.turns.append((sample, args))
         if time.monotonic() - shown > 5:
             shown = time.monotonic()
             log(f"  generating: group {sample.group_index + 1}/{groups}, {len(workload.turns)} turns so far")
+    workload.cpu_s = time.process_time() - cpu
     return workload
 
 
@@ -137,34 +146,51 @@ def produce(conn: dict, topic: str, records, rate: float | None = None,
     return began, sent, sent_at
 
 
-def raw_bus(conn: dict, records, partitions: int = 4) -> float:
-    """Seconds from the first send until a plain consumer, reading concurrently, has every record."""
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used: ``/proc/<pid>/stat`` utime + stime."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+PLAIN_CONSUMER = """
+import json, os, sys, time
+from kafka import KafkaConsumer
+conn, topic, want = json.loads(os.environ["BENCH_CONN"]), sys.argv[1], int(sys.argv[2])
+consumer = KafkaConsumer(topic, **conn, auto_offset_reset="earliest", group_id=None,
+                         fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+consumer.poll(timeout_ms=1000)  # assigned and fetching before the clock starts
+print("ready", flush=True)
+began, seen = time.process_time(), 0
+while seen < want:
+    seen += sum(len(b) for b in consumer.poll(timeout_ms=200, max_records=10000).values())
+print(json.dumps({"cpu_s": time.process_time() - began, "seen": seen}), flush=True)
+consumer.close()
+"""
+
+
+def raw_bus(conn: dict, records, partitions: int = 4) -> tuple[float, float]:
+    """Seconds from the first send until a plain consumer (kafka-python, no processing, a process of its own, as
+    an operator would run one), reading concurrently, has every record; and the CPU seconds its process took
+    meanwhile (every thread: kafka-python's network thread too)."""
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
     create_topics(conn, [(topic, partitions, False)])
-    consumer = KafkaConsumer(topic, **conn, auto_offset_reset="earliest", group_id=None,
-                             fetch_max_bytes=64 << 20, max_partition_fetch_bytes=16 << 20)
+    reader = subprocess.Popen([sys.executable, "-c", PLAIN_CONSUMER, topic, str(len(records))], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "BENCH_CONN": json.dumps(conn)})  # not in argv: a password
     try:
-        consumer.poll(timeout_ms=1000)  # assigned and fetching before the clock starts
-        done = threading.Event()
-
-        def consume() -> None:
-            seen = 0
-            while seen < len(records) and not stop.is_set():
-                seen += sum(len(b) for b in consumer.poll(timeout_ms=200, max_records=10000).values())
-            done.set()
-
-        stop = threading.Event()
-        reader = threading.Thread(target=consume, daemon=True)
-        reader.start()
+        if reader.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the plain consumer did not start (exit {reader.wait(timeout=30)})")
         began = produce(conn, topic, records)[0]
-        done.wait(timeout=600)
+        line = reader.stdout.readline()
         elapsed = time.monotonic() - began
-        stop.set()
-        reader.join(timeout=5)
+        if not line:
+            raise RuntimeError(f"the plain consumer exited {reader.wait(timeout=30)} before reading every record")
+        cpu = json.loads(line)["cpu_s"]
+        reader.wait(timeout=30)
     finally:
-        consumer.close()
+        if reader.poll() is None:
+            reader.kill()
         delete_topics(conn, [topic])
-    return elapsed
+    return elapsed, cpu
 
 
 class ShardFollower:
@@ -279,6 +305,11 @@ def pipeline_run(conn: dict, records, episodes: int, out: Path, *, workers: int 
             log(f"  starting {workers} stream worker(s) + shard writer (logs: {out / 'logs'}) ...")
             _wait_ready(conn, run, workers)
             follower = ShardFollower(conn, run.topics.shards, finals)
+            pids = {name: stage.pid for name, stage in run.stages.items()}
+            idle_from = {name: process_cpu_s(pid) for name, pid in pids.items()}
+            time.sleep(IDLE_S)  # what each stage spends doing nothing (heartbeats, timers): not the turns' cost
+            cpu_from = {name: process_cpu_s(pid) for name, pid in pids.items()}
+            idle_rate = {name: (cpu_from[name] - idle_from[name]) / IDLE_S for name in pids}
             log(f"  stages ready; sending {len(records)} turns" + (f" paced at {rate:.0f} turns/s" if rate else ""))
             began, sent, sent_at = produce(conn, run.topics.turns, records, rate, check=lambda: _check(run))
             deadline, shown = time.monotonic() + timeout_s, time.monotonic()
@@ -291,6 +322,9 @@ def pipeline_run(conn: dict, records, episodes: int, out: Path, *, workers: int 
                     shown = time.monotonic()
                     log(f"  {len(finals) - len(follower.missing)}/{len(finals)} episodes in {follower.batches} batches")
             elapsed = follower.done_at - began
+            cpu_to = {name: process_cpu_s(pid) for name, pid in pids.items()}  # polled: at most 0.5 s after done
+            window = time.monotonic() - began
+            cpu = {name: max(0.0, cpu_to[name] - cpu_from[name] - idle_rate[name] * window) for name in pids}
             memory = {name: vm_hwm_mb(stage.pid) for name, stage in run.stages.items()}
             log(f"  done in {elapsed:.2f}s ({follower.batches} batches); stopping the stages")
         finally:
@@ -301,6 +335,7 @@ def pipeline_run(conn: dict, records, episodes: int, out: Path, *, workers: int 
     finally:
         if not keep_topics:
             delete_topics(conn, [run.topics.prefix])  # the changelog too: the prefix scopes its name
-    return {"elapsed": elapsed, "memory": memory, "sent_s": sent - began, "out": out,
+    return {"elapsed": elapsed, "memory": memory, "sent_s": sent - began, "out": out, "cpu": cpu,
+            "idle_cpu": idle_rate,
             "to_episode": [episode_at[k] - t for k, t in sent_at.items() if k in episode_at],
             "to_batch": [follower.batch_at[k] - t for k, t in sent_at.items() if k in follower.batch_at]}
