@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,13 +83,14 @@ def test_the_generator_sampled_under_every_version_the_trainer_published(learned
     out, done = learned
     assert done.returncode == 0, done.stderr[-3000:]
     logs = {path.stem: path.read_text() for path in sorted((out / "logs").glob("generate-g*.log"))}
-    assert sorted(logs) == ["generate-g0", "generate-g1", "generate-g2"]  # make learn's two, g1 killed, g2 for it
+    assert sorted(logs) == ["generate-g0", "generate-g1", "generate-g2"]  # make learn's two, one killed, g2 in its place
     loaded = sorted({int(line.split("version=")[1].split()[0]) for log in logs.values() for line in log.splitlines()
                      if "loaded weights version=" in line})
     assert loaded == list(range(BATCHES)), loaded  # version 0 (the trainer's initial weights) .. the last used
     for manifest in written_batches(out / "shards").values():
         assert manifest["extra"]["weight_versions"] == [str(manifest["seq"])], manifest["extra"]
-    assert all("refused 0" in logs[name] for name in ("generate-g0", "generate-g2"))  # the survivors' last lines
+    survivors = [f"generate-{m}" for m in ("g0", "g1", "g2") if (out / f"generator-summary-{m}.json").exists()]
+    assert len(survivors) == 2 and all("refused 0" in logs[name] for name in survivors)  # their last lines
 
 
 def test_a_member_killed_part_way_is_resumed_from_the_log_and_nothing_is_lost_or_doubled(learned):
@@ -98,9 +100,11 @@ def test_a_member_killed_part_way_is_resumed_from_the_log_and_nothing_is_lost_or
     out, done = learned
     assert done.returncode == 0, done.stderr[-3000:]
     report = " ".join((done.stdout + done.stderr).split())
-    assert "drill: killed -9 member g1 (holding prompt group calculator-" in report, report[-3000:]
-    summaries = [json.loads((out / f"generator-summary-{m}.json").read_text()) for m in ("g0", "g2")]
-    assert not (out / "generator-summary-g1.json").exists()
+    killed = re.search(r"drill: killed -9 member (g[01]) \(holding prompt group calculator-", report)
+    assert killed, report[-3000:]  # one of make learn's two, whichever held a prompt group part-way first
+    survivors = [m for m in ("g0", "g1", "g2") if m != killed.group(1)]
+    summaries = [json.loads((out / f"generator-summary-{m}.json").read_text()) for m in survivors]
+    assert not (out / f"generator-summary-{killed.group(1)}.json").exists()
     assert sum(s["turns_reused"] for s in summaries) >= 1 and sum(s["episodes_resumed"] for s in summaries) >= 1
     assert sum(s["redelivered"] for s in summaries) >= 1
 
