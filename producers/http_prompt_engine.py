@@ -23,8 +23,8 @@ Contract:
   observation (``EpisodeEnv.record``: no tool runs for a step whose answer is on the log), and the next turn's
   context is the last logged turn's tokens and the environment's answer to it: given back too when the last
   turn's mark noted it (every turn's kwargs carry the answer the environment gave after it, ``observation``, which
-  the member notes with the turn), run only when the log lacks it. A finished episode is yielded whole and nothing is asked. Its attempt is the
-  logged one; a retry of it starts again at turn 0 as the next attempt.
+  the member notes with the turn), run only when the log lacks it. A finished episode is yielded whole and nothing
+  is asked. Its attempt is the logged one; a retry of it starts again at turn 0 as the next attempt.
 * Sampling: ``sampling`` (the generator's defaults), then the prompt's own ``sampling`` over them; checked by
   ``engine_request`` before any call: a refusal (``ConfigError``) fails the delivery, nothing sent.
 * Turn 0 is one ``/generate`` call on ``prompt.input_ids``; the answer becomes the turn sample (context, then the

@@ -98,7 +98,8 @@ def demo(
                                          max_staleness=max_staleness)
     from_prompts = from_prompts or prompts is not None
     prompts_file = _prompts_file(from_prompts, prompts, generators, learn=learn, run_batching=run_batching,
-                                 kill_members=kill_members, adapters=adapters, inject_faults=inject_faults, interrupt_prob=interrupt_prob,
+                                 kill_members=kill_members, adapters=adapters, inject_faults=inject_faults,
+                                 interrupt_prob=interrupt_prob,
                                  **({} if learn else {"episodes": episodes,
                                                       "n_samples_per_prompt": n_samples_per_prompt}))
     _refuse_unrunnable(run_batching, train=train, secure=secure, settings=settings)

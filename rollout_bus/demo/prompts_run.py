@@ -70,7 +70,6 @@ class PromptsDemoRun(DemoRun):
         self.prompt_lines: list[PromptLine] = []
         self.members = [f"g{i}" for i in range(options.generators)]  # the live ones; a killed one is replaced
         self.killed: list[str] = []
-        self._killed_stages: list[StageProcess] = []
         self._logged_sent: list[tuple[str, int]] | None = None
 
     def member_summary_path(self, member: str) -> Path:
@@ -120,7 +119,8 @@ class PromptsDemoRun(DemoRun):
             return
         member, prompt, turns = held
         stage.kill()
-        self._killed_stages.append(self.stages.pop(f"generate-{member}"))
+        stage.stop()  # closes its log
+        del self.stages[f"generate-{member}"]
         self.killed.append(member)
         replacement = f"g{len(self.members) + len(self.killed) - 1}"
         self.members = [m for m in self.members if m != member] + [replacement]
